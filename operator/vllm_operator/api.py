@@ -1,0 +1,466 @@
+"""The VLLMServer API: typed spec and status models, the single source of truth.
+
+The CRD in ``crds/`` is generated from these models by :mod:`vllm_operator.crd`.
+Field docstrings become the CRD's descriptions, so they are written for users.
+Static defaults live here (and therefore in the CRD schema); defaults that need
+arithmetic (flags derived from the model and the GPU) live in the planner.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP = "vllm-operator.io"
+VERSION = "v1alpha1"
+KIND = "VLLMServer"
+PLURAL = "vllmservers"
+SINGULAR = "vllmserver"
+SHORT_NAMES = ["vllms"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: The vLLM release the default image pins; the same release's parser checks our flags.
+VLLM_VERSION = "0.32.0"
+DEFAULT_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+
+# Kubernetes' own quantity grammar (apimachinery resource.Quantity).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+_SUFFIX = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}
+
+
+def parse_quantity(value: str | int | float) -> Decimal:
+    """Parse a Kubernetes quantity ("24Gi", "23.58Gi", "500M", 1e9) into a Decimal."""
+    text = str(value).strip()
+    if not _QUANTITY_RE.match(text):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (for example 24Gi, 23.58Gi or 500M)")
+    m = re.match(r"^([+-]?[0-9.]+)([eE][+-]?[0-9.]+)?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$", text)
+    if m is None:  # pragma: no cover - the pattern above already matched
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    number = Decimal(m.group(1) + (m.group(2) or ""))
+    return number * Decimal(_SUFFIX[m.group(3) or ""])
+
+
+def _check_quantity(value: str) -> str:
+    parse_quantity(value)
+    return value
+
+
+def _int_to_str(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+#: A Kubernetes quantity: a string like "24Gi" (plain numbers are accepted too).
+Quantity = Annotated[
+    str,
+    BeforeValidator(_int_to_str),
+    AfterValidator(_check_quantity),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+
+#: A free-form Kubernetes object we pass through verbatim (e.g. affinity).
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class _Model(BaseModel):
+    """Base: camelCase field names on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=False,
+    )
+
+
+# --------------------------------------------------------------------------- model
+class ModelArchitecture(_Model):
+    """Facts about a model's architecture that size its weights and KV cache.
+
+    Any field given here wins over the built-in catalog and the model's config.json.
+    """
+
+    num_layers: Optional[int] = Field(None, ge=1, le=1024, alias="numLayers")
+    """Number of transformer layers (config.json: num_hidden_layers)."""
+    num_attention_heads: Optional[int] = Field(None, ge=1, le=1024, alias="numAttentionHeads")
+    """Number of query attention heads (config.json: num_attention_heads)."""
+    num_kv_heads: Optional[int] = Field(None, ge=1, le=1024, alias="numKVHeads")
+    """Number of key/value heads; fewer than attention heads for GQA (config.json: num_key_value_heads)."""
+    head_dim: Optional[int] = Field(None, ge=1, le=4096, alias="headDim")
+    """Dimension of one attention head (config.json: head_dim, else hidden_size / num_attention_heads)."""
+    hidden_size: Optional[int] = Field(None, ge=1, le=1_000_000, alias="hiddenSize")
+    """Model (embedding) dimension (config.json: hidden_size)."""
+    intermediate_size: Optional[int] = Field(None, ge=1, le=10_000_000, alias="intermediateSize")
+    """MLP inner dimension (config.json: intermediate_size)."""
+    vocab_size: Optional[int] = Field(None, ge=1, le=10_000_000, alias="vocabSize")
+    """Vocabulary size (config.json: vocab_size)."""
+    max_position_embeddings: Optional[int] = Field(None, ge=1, le=100_000_000, alias="maxPositionEmbeddings")
+    """Longest context the model supports, in tokens (config.json: max_position_embeddings)."""
+    parameter_count: Optional[int] = Field(None, ge=1, le=100_000_000_000_000, alias="parameterCount")
+    """Total number of parameters (all experts for a mixture of experts), e.g. 8030261248."""
+    num_experts: Optional[int] = Field(None, ge=1, le=4096, alias="numExperts")
+    """Routed experts per MoE layer (config.json: num_local_experts / num_experts); omit for dense models."""
+    tie_word_embeddings: Optional[bool] = Field(None, alias="tieWordEmbeddings")
+    """Whether the output projection shares the embedding matrix (config.json: tie_word_embeddings)."""
+    torch_dtype: Optional[Literal["bfloat16", "float16", "float32"]] = Field(None, alias="torchDtype")
+    """The dtype the checkpoint is stored in (config.json: torch_dtype); used for dtype: auto."""
+
+
+Quantization = Literal[
+    "none", "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "bitsandbytes",
+    "compressed-tensors", "gguf",
+]
+
+
+class ModelSpec(_Model):
+    """The model to serve."""
+
+    name: str = Field(..., min_length=1, max_length=512)
+    """Hugging Face model id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a path inside the cache volume."""
+    served_name: Optional[str] = Field(None, min_length=1, max_length=256, alias="servedName")
+    """Name clients use in the OpenAI API's "model" field (--served-model-name). Defaults to name."""
+    revision: Optional[str] = Field(None, min_length=1, max_length=256)
+    """Model revision (branch, tag or commit) to load (--revision)."""
+    quantization: Quantization = "none"
+    """Weight quantization method (--quantization); none serves the checkpoint as stored."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Activation and weight dtype (--dtype); auto uses the checkpoint's dtype."""
+    architecture: Optional[ModelArchitecture] = None
+    """Architecture facts; required for models that are neither in the catalog nor reachable via config.json."""
+    config_url: Optional[str] = Field(None, min_length=1, max_length=2048, alias="configURL")
+    """Where to fetch the model's config.json (http(s) URL), when the model is not in the catalog."""
+
+
+# --------------------------------------------------------------------------- gpu
+class GPUSpec(_Model):
+    """The NVIDIA GPUs each server gets."""
+
+    count: int = Field(1, ge=1, le=64)
+    """GPUs per server (nvidia.com/gpu); also the tensor-parallel size."""
+    product: Optional[str] = Field(None, min_length=1, max_length=128)
+    """GPU product as the NVIDIA GPU feature discovery labels it (nvidia.com/gpu.product), e.g. NVIDIA-L4."""
+    memory: Optional[Quantity] = None
+    """Memory of one GPU (e.g. 24Gi or 23.58Gi); overrides the catalog's figure for the product."""
+    reserved_memory: Quantity = Field("0", alias="reservedMemory")
+    """GPU memory per GPU to leave untouched for other processes (display, MPS, sidecars)."""
+
+
+# --------------------------------------------------------------------------- profile
+class WorkloadProfile(_Model):
+    """What the traffic looks like; the planner sizes the engine for it."""
+
+    max_context_tokens: Optional[int] = Field(None, ge=16, le=100_000_000, alias="maxContextTokens")
+    """Longest request (prompt + output) the server must accept. Defaults to the model's limit."""
+    p95_prompt_tokens: Optional[int] = Field(None, ge=1, le=100_000_000, alias="p95PromptTokens")
+    """95th-percentile prompt length in tokens."""
+    p95_output_tokens: Optional[int] = Field(None, ge=1, le=100_000_000, alias="p95OutputTokens")
+    """95th-percentile output length in tokens."""
+    target_concurrency: Optional[int] = Field(None, ge=1, le=65536, alias="targetConcurrency")
+    """Requests in flight per replica the server should sustain (sizes --max-num-seqs)."""
+    priority: Literal["latency", "balanced", "throughput"] = "balanced"
+    """What to favour when sizing batches: per-request latency, or total throughput."""
+
+
+# --------------------------------------------------------------------------- engine
+class EnvVar(_Model):
+    """An environment variable for the vLLM container (plaintext values only; use secret references for tokens)."""
+
+    name: str = Field(..., min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    """Variable name."""
+    value: str = ""
+    """Plain value. Never put credentials here: the spec is readable by anyone who can read the resource."""
+
+
+class EngineSpec(_Model):
+    """vLLM engine settings. Any value set here is pinned: it wins over the derived one, and is still checked."""
+
+    gpu_memory_utilization: Optional[float] = Field(None, gt=0.0, le=1.0, alias="gpuMemoryUtilization")
+    """Fraction of each GPU's total memory vLLM may use (--gpu-memory-utilization)."""
+    max_model_len: Optional[int] = Field(None, ge=16, le=100_000_000, alias="maxModelLen")
+    """Longest request in tokens (--max-model-len); must fit one full request in the KV cache."""
+    max_num_seqs: Optional[int] = Field(None, ge=1, le=65536, alias="maxNumSeqs")
+    """Most sequences batched per step (--max-num-seqs)."""
+    max_num_batched_tokens: Optional[int] = Field(None, ge=1, le=10_000_000, alias="maxNumBatchedTokens")
+    """Token budget per scheduler step (--max-num-batched-tokens); at least maxNumSeqs."""
+    kv_cache_dtype: Optional[Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]] = Field(None, alias="kvCacheDtype")
+    """KV cache dtype (--kv-cache-dtype); fp8 halves KV memory per token."""
+    enable_prefix_caching: Optional[bool] = Field(None, alias="enablePrefixCaching")
+    """Reuse KV blocks of shared prompt prefixes (--enable-prefix-caching / --no-enable-prefix-caching)."""
+    enforce_eager: Optional[bool] = Field(None, alias="enforceEager")
+    """Disable CUDA graphs (--enforce-eager): less memory and faster start, slower decoding."""
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, alias="extraArgs", max_length=128)
+    """More vLLM flags, passed verbatim after the derived ones; a flag the operator derives is refused here."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    """Environment variables for the vLLM container."""
+
+
+# --------------------------------------------------------------------------- storage / secrets
+class CacheSpec(_Model):
+    """The Hugging Face cache volume (HF_HOME). Either a new claim per replica (size) or an existing claim."""
+
+    size: Optional[Quantity] = None
+    """Size of a new PersistentVolumeClaim per replica (StatefulSet volumeClaimTemplates)."""
+    storage_class_name: Optional[str] = Field(None, min_length=1, max_length=253, alias="storageClassName")
+    """Storage class of the new claim; the cluster default when omitted."""
+    claim_name: Optional[str] = Field(None, min_length=1, max_length=253, alias="claimName")
+    """An existing PersistentVolumeClaim to mount instead (ReadWriteMany or ReadOnlyMany for several replicas)."""
+
+
+class SecretKeyRef(_Model):
+    """A key in a Secret in the same namespace. The operator only references it; it never reads it."""
+
+    name: str = Field(..., min_length=1, max_length=253)
+    """Secret name."""
+    key: str = Field("token", min_length=1, max_length=253)
+    """Key within the Secret."""
+
+
+# --------------------------------------------------------------------------- autoscaling
+class AutoscalingSpec(_Model):
+    """Scale replicas on vLLM's own queue (vllm:num_requests_waiting)."""
+
+    enabled: bool = False
+    """Turn queue-based autoscaling on; when on, replicas is ignored and the autoscaler owns the count."""
+    mode: Literal["Operator", "HPA", "KEDA"] = "Operator"
+    """Who scales: the operator's own loop (default), an emitted HorizontalPodAutoscaler, or a KEDA ScaledObject."""
+    min_replicas: int = Field(1, ge=1, le=1000, alias="minReplicas")
+    """Fewest replicas."""
+    max_replicas: Optional[int] = Field(None, ge=1, le=1000, alias="maxReplicas")
+    """Most replicas; required when enabled."""
+    target_waiting_per_replica: float = Field(2.0, gt=0.0, le=10000.0, alias="targetWaitingPerReplica")
+    """Average queued requests per ready replica to aim for."""
+    source: Literal["Pods", "Prometheus"] = "Pods"
+    """Where metrics come from: scrape the pods' /metrics directly, or query Prometheus."""
+    prometheus_url: Optional[str] = Field(None, min_length=1, max_length=2048, alias="prometheusURL")
+    """Prometheus base URL for source: Prometheus (defaults to the operator's --prometheus-url)."""
+    interval_seconds: int = Field(5, ge=1, le=600, alias="intervalSeconds")
+    """How often to read metrics and decide."""
+    scale_up_stabilization_seconds: int = Field(0, ge=0, le=3600, alias="scaleUpStabilizationSeconds")
+    """Scale up only on the lowest recommendation over this window (0: at once)."""
+    scale_down_stabilization_seconds: int = Field(120, ge=0, le=3600, alias="scaleDownStabilizationSeconds")
+    """Scale down only on the highest recommendation over this window."""
+
+
+# --------------------------------------------------------------------------- pod overrides
+class Toleration(_Model):
+    """A Kubernetes toleration."""
+
+    key: Optional[str] = None
+    """Taint key."""
+    operator: Optional[Literal["Exists", "Equal"]] = None
+    """Exists or Equal."""
+    value: Optional[str] = None
+    """Taint value for Equal."""
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+    """Taint effect; all effects when empty."""
+    toleration_seconds: Optional[int] = Field(None, alias="tolerationSeconds")
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class ResourceOverrides(_Model):
+    """Host CPU/memory for the vLLM container; the GPU count always comes from gpu.count."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    """Resource requests, e.g. {cpu: "8", memory: 64Gi}."""
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    """Resource limits."""
+
+
+# --------------------------------------------------------------------------- spec
+class VLLMServerSpec(_Model):
+    """Desired state of a vLLM server."""
+
+    model: ModelSpec
+    """The model to serve."""
+    image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=1024)
+    """vLLM container image; its entrypoint must be `vllm serve` (the official vllm/vllm-openai images)."""
+    image_pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = Field(None, alias="imagePullPolicy")
+    """Image pull policy."""
+    workload: Literal["StatefulSet", "DaemonSet"] = "StatefulSet"
+    """StatefulSet (replicas) or DaemonSet (one server per matching GPU node)."""
+    replicas: int = Field(1, ge=0, le=1000)
+    """Replicas of a StatefulSet when autoscaling is off."""
+    gpu: GPUSpec = Field(default_factory=GPUSpec)
+    """GPUs per server."""
+    ipc: Literal["Host", "SharedMemory"] = "SharedMemory"
+    """Shared memory for tensor parallelism: the host's IPC namespace, or an in-memory /dev/shm volume."""
+    shm_size: Optional[Quantity] = Field(None, alias="shmSize")
+    """Size of /dev/shm for ipc: SharedMemory; derived from the tensor-parallel size when omitted."""
+    host_network: bool = Field(False, alias="hostNetwork")
+    """DaemonSet only: serve on the node's network (port 8000 on each GPU node)."""
+    workload_profile: WorkloadProfile = Field(default_factory=WorkloadProfile, alias="workloadProfile")
+    """The traffic to size the engine for."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """Engine settings that override derived ones."""
+    cache: Optional[CacheSpec] = None
+    """Hugging Face cache volume; an emptyDir when omitted (the model is downloaded at every start)."""
+    hf_token_secret_ref: Optional[SecretKeyRef] = Field(None, alias="hfTokenSecretRef")
+    """Secret key holding a Hugging Face token, exposed to vLLM as HF_TOKEN."""
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    """Queue-based autoscaling."""
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    """Extra node selector labels."""
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Extra tolerations (the nvidia.com/gpu taint is always tolerated)."""
+    affinity: Optional[FreeForm] = None
+    """Pod affinity, as in a Pod spec."""
+    resources: ResourceOverrides = Field(default_factory=ResourceOverrides)
+    """Host CPU and memory for the vLLM container; derived from the model when omitted."""
+    pod_annotations: dict[str, str] = Field(default_factory=dict, alias="podAnnotations")
+    """Annotations for the pods."""
+    pod_labels: dict[str, str] = Field(default_factory=dict, alias="podLabels")
+    """Extra labels for the pods (the operator's selector labels cannot be overridden)."""
+    service_account_name: Optional[str] = Field(None, min_length=1, max_length=253, alias="serviceAccountName")
+    """ServiceAccount the vLLM pods run as."""
+    priority_class_name: Optional[str] = Field(None, min_length=1, max_length=253, alias="priorityClassName")
+    """PriorityClass of the pods."""
+
+
+# --------------------------------------------------------------------------- status
+class Condition(_Model):
+    """A status condition (Kubernetes metav1.Condition)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    """Condition type: Ready, Progressing, Degraded, SpecValid, AutoscalingActive."""
+    status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
+    reason: str = ""
+    """One-word CamelCase reason."""
+    message: str = ""
+    """What happened, for people."""
+    last_transition_time: Optional[str] = Field(None, alias="lastTransitionTime")
+    """When the status last changed."""
+    observed_generation: Optional[int] = Field(None, alias="observedGeneration")
+    """The spec generation this condition was computed from."""
+
+
+class PlanEstimates(_Model):
+    """The planner's estimates, per GPU unless said otherwise."""
+
+    model_config = ConfigDict(extra="ignore")
+    tensor_parallel_size: Optional[int] = Field(None, alias="tensorParallelSize")
+    """GPUs one server shards the model over."""
+    gpu_memory_bytes: Optional[int] = Field(None, alias="gpuMemoryBytes")
+    """Memory of one GPU."""
+    weight_bytes_per_gpu: Optional[int] = Field(None, alias="weightBytesPerGpu")
+    """Model weights per GPU."""
+    activation_bytes_per_gpu: Optional[int] = Field(None, alias="activationBytesPerGpu")
+    """Peak activation memory per GPU during profiling."""
+    overhead_bytes_per_gpu: Optional[int] = Field(None, alias="overheadBytesPerGpu")
+    """CUDA context, CUDA graphs, NCCL and allocator overheads per GPU."""
+    kv_cache_bytes_per_gpu: Optional[int] = Field(None, alias="kvCacheBytesPerGpu")
+    """KV cache per GPU."""
+    kv_bytes_per_token: Optional[int] = Field(None, alias="kvBytesPerToken")
+    """KV cache bytes per token per GPU."""
+    kv_cache_tokens: Optional[int] = Field(None, alias="kvCacheTokens")
+    """Tokens the KV cache holds."""
+    max_model_len: Optional[int] = Field(None, alias="maxModelLen")
+    """Longest request, in tokens."""
+    max_concurrency: Optional[float] = Field(None, alias="maxConcurrency")
+    """Full-length requests the KV cache holds at once."""
+    gpu_memory_utilization: Optional[float] = Field(None, alias="gpuMemoryUtilization")
+    """Fraction of GPU memory vLLM may use."""
+    startup_seconds: Optional[int] = Field(None, alias="startupSeconds")
+    """Time allowed for the model to load before the startup probe gives up."""
+
+
+class PlanStatus(_Model):
+    """What the planner derived, and why."""
+
+    model_config = ConfigDict(extra="ignore")
+    args: list[str] = Field(default_factory=list)
+    """The vLLM container args (after `vllm serve`)."""
+    estimates: PlanEstimates = Field(default_factory=PlanEstimates)
+    """Memory and capacity estimates."""
+    notes: list[str] = Field(default_factory=list)
+    """Why each value was chosen."""
+    model_source: Optional[str] = Field(None, alias="modelSource")
+    """Where the model architecture came from (catalog, config.json, spec)."""
+
+
+class AutoscalingStatus(_Model):
+    """The autoscaler's last decision."""
+
+    model_config = ConfigDict(extra="ignore")
+    metric_value: Optional[float] = Field(None, alias="metricValue")
+    """Average vllm:num_requests_waiting per ready replica at the last decision."""
+    waiting: Optional[float] = None
+    """Total requests waiting over all ready replicas."""
+    running: Optional[float] = None
+    """Total requests running over all ready replicas."""
+    kv_cache_usage: Optional[float] = Field(None, alias="kvCacheUsage")
+    """Mean vllm:kv_cache_usage_perc over ready replicas (0..1)."""
+    desired_replicas: Optional[int] = Field(None, alias="desiredReplicas")
+    """Replicas the autoscaler wants."""
+    last_scale_time: Optional[str] = Field(None, alias="lastScaleTime")
+    """When the autoscaler last changed the replica count."""
+    reason: Optional[str] = None
+    """Why the autoscaler decided what it did."""
+
+
+class VLLMServerStatus(_Model):
+    """Observed state of a vLLM server."""
+
+    model_config = ConfigDict(extra="ignore")
+    observed_generation: Optional[int] = Field(None, alias="observedGeneration")
+    """The spec generation the operator last acted on."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Ready, Progressing, Degraded, SpecValid (and autoscaling conditions)."""
+    replicas: Optional[int] = None
+    """Pods the workload wants."""
+    ready_replicas: Optional[int] = Field(None, alias="readyReplicas")
+    """Pods serving."""
+    selector: Optional[str] = None
+    """Label selector of the pods (for the scale subresource)."""
+    endpoint: Optional[str] = None
+    """URL of the OpenAI-compatible client Service."""
+    plan: Optional[PlanStatus] = None
+    """What was derived and why."""
+    autoscaling: Optional[AutoscalingStatus] = None
+    """The autoscaler's last decision."""
+
+
+class ObjectMeta(BaseModel):
+    """The subset of metadata the operator and CLI read."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(..., min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str = "default"
+
+
+class VLLMServer(BaseModel):
+    """A VLLMServer document (for files the CLI reads)."""
+
+    model_config = ConfigDict(extra="forbid")
+    apiVersion: Literal["vllm-operator.io/v1alpha1"]
+    kind: Literal["VLLMServer"]
+    metadata: ObjectMeta
+    spec: VLLMServerSpec
+    status: Optional[dict[str, Any]] = None
