@@ -431,7 +431,10 @@ class VLLMServerStatus(_Model):
     model_config = ConfigDict(extra="ignore")
     observed_generation: Optional[int] = Field(None, alias="observedGeneration")
     """The spec generation the operator last acted on."""
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     """Ready, Progressing, Degraded, SpecValid (and autoscaling conditions)."""
     replicas: Optional[int] = None
     """Pods the workload wants."""

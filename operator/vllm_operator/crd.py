@@ -1,0 +1,141 @@
+"""Generate the VLLMServer CustomResourceDefinition from the pydantic models in api.py.
+
+The output is a structural OpenAPI v3 schema (every node typed, no $ref, no anyOf
+with null) as apiextensions.k8s.io/v1 requires. `vllm-operator crd` prints it and
+`crds/` holds the committed copy; a test fails when that copy is stale.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from . import api
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    """Inline $refs and turn pydantic's JSON Schema into a structural schema."""
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node.pop("$ref").rsplit("/", 1)[-1]])
+        target.update({k: v for k, v in node.items() if k in ("description", "default")})
+        node = target
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o != {"type": "null"}]
+        if len(options) != 1:
+            raise ValueError(f"cannot express a union in a structural schema: {options}")
+        merged = dict(options[0])
+        merged.update(node)
+        node = _resolve(merged, defs)
+    if node.get("default", 0) is None:
+        del node["default"]
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "$defs"):
+            continue
+        if key == "additionalProperties" and value is False:
+            continue  # structural schemas prune unknown fields; false is not allowed
+        if key == "enum":
+            out["type"] = "string"
+        if key == "const":  # Literal with one value
+            out["type"] = "string"
+            out["enum"] = [value]
+            continue
+        if key in ("properties",):
+            out[key] = {k: _resolve(v, defs) for k, v in value.items()}
+        elif key in ("items", "additionalProperties"):
+            out[key] = _resolve(value, defs)
+        else:
+            out[key] = value
+    if "properties" in out and "type" not in out:
+        out["type"] = "object"
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def model_schema(model: type) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _resolve(raw, defs)
+
+
+def openapi_schema() -> dict[str, Any]:
+    spec = model_schema(api.VLLMServerSpec)
+    status = model_schema(api.VLLMServerStatus)
+    return {
+        "type": "object",
+        "description": "VLLMServer runs a vLLM OpenAI-compatible server with flags derived from the model and GPU.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+PRINTER_COLUMNS = [
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+    {"name": "Workload", "type": "string", "jsonPath": ".spec.workload"},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.replicas"},
+    {"name": "Ready-Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Max-Context", "type": "integer", "jsonPath": ".status.plan.estimates.maxModelLen"},
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition object."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{api.PLURAL}.{api.GROUP}",
+            "labels": {"app.kubernetes.io/name": "vllm-operator", "app.kubernetes.io/component": "crd"},
+        },
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": list(api.SHORT_NAMES),
+                "categories": ["all", "vllm"],
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+HEADER = "# Generated by `vllm-operator crd` from operator/vllm_operator/api.py. Do not edit.\n"
+
+
+def crd_yaml() -> str:
+    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=120)
