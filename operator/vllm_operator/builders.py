@@ -1,0 +1,282 @@
+"""Build the Kubernetes objects of one VLLMServer from its spec and plan: one pure function per kind.
+
+Each builder returns a plain dict holding only the fields the operator owns (it is
+sent as a server-side apply patch), with the shared labels and owner reference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from . import api
+from .planner import GiB, Plan
+
+PORT = 8000
+PORT_NAME = "http"
+CACHE_MOUNT = "/cache"
+HF_HOME = f"{CACHE_MOUNT}/huggingface"
+PRESTOP_SECONDS = 10
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+MANAGED_BY = "vllm-operator"
+SERVER_LABEL = f"{api.GROUP}/server"
+
+
+# --------------------------------------------------------------------------- shared helpers
+def selector_labels(name: str) -> dict[str, str]:
+    """Labels that select one server's pods; never change them (selectors are immutable)."""
+    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name}
+
+
+def labels(name: str, component: str = "server") -> dict[str, str]:
+    return {
+        **selector_labels(name),
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        SERVER_LABEL: name,
+    }
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
+
+
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    """Controller owner reference to the VLLMServer, so garbage collection removes children."""
+    meta = owner["metadata"]
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(plan: Plan, name: str, owner: Optional[dict], component: str = "server") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": plan.namespace, "labels": labels(plan.name, component)}
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(owner)]
+    return meta
+
+
+def quantity(n: int) -> str:
+    """Bytes as a whole number of Gi (or Mi below 1 Gi), the way people write them."""
+    if n % GiB == 0 or n >= 16 * GiB:
+        return f"{math.ceil(n / GiB)}Gi"
+    return f"{math.ceil(n / 2**20)}Mi"
+
+
+def headless_service_name(name: str) -> str:
+    return f"{name}-headless"
+
+
+# --------------------------------------------------------------------------- pod
+def _probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": PORT_NAME},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def container_resources(plan: Plan) -> dict[str, Any]:
+    spec = plan.spec
+    gpus = str(spec.gpu.count)
+    requests = {"cpu": str(plan.cpu_request), "memory": quantity(plan.host_memory_bytes), GPU_RESOURCE: gpus}
+    limits = {"memory": quantity(plan.host_memory_bytes + plan.shm_bytes), GPU_RESOURCE: gpus}
+    requests.update(spec.resources.requests)
+    limits.update(spec.resources.limits)
+    return {"requests": requests, "limits": limits}
+
+
+def container_env(plan: Plan) -> list[dict[str, Any]]:
+    spec = plan.spec
+    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HF_HOME}]
+    if spec.hf_token_secret_ref is not None:
+        ref = spec.hf_token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env += [{"name": e.name, "value": e.value} for e in spec.engine.env]
+    return env
+
+
+def pod_template(plan: Plan) -> dict[str, Any]:
+    """The vLLM pod: image, derived args, GPUs, shared memory, cache, probes that never kill a loading model."""
+    spec = plan.spec
+    mounts = [{"name": "cache", "mountPath": CACHE_MOUNT}]
+    volumes: list[dict[str, Any]] = []
+    if spec.cache is None:
+        volumes.append({"name": "cache", "emptyDir": {}})
+    elif spec.cache.claim_name:
+        volumes.append({"name": "cache", "persistentVolumeClaim": {"claimName": spec.cache.claim_name}})
+    # else: the StatefulSet's volumeClaimTemplates provides "cache"
+    if spec.ipc == "SharedMemory":
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(plan.shm_bytes)}})
+
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": spec.image,
+        "args": list(plan.args),
+        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "env": container_env(plan),
+        "resources": container_resources(plan),
+        "volumeMounts": mounts,
+        # /health refuses connections while the model loads: the startup probe waits for the whole
+        # load, and liveness only starts after it succeeds, so a loading server is never killed.
+        "startupProbe": _probe("/health", 10, 5, max(1, math.ceil(plan.startup_seconds / 10))),
+        "readinessProbe": _probe("/health", 5, 5, 3),
+        "livenessProbe": _probe("/health", 20, 10, 6),
+        # Let the endpoint leave the Services before vLLM stops taking requests.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}},
+        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+
+    node_selector = dict(spec.node_selector)
+    if spec.gpu.product and GPU_PRODUCT_LABEL not in node_selector:
+        node_selector[GPU_PRODUCT_LABEL] = spec.gpu.product
+    tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "tolerations": tolerations,
+        "terminationGracePeriodSeconds": PRESTOP_SECONDS + plan.drain_seconds,
+        # vLLM reads VLLM_* variables; a Service named "vllm" would inject VLLM_PORT=tcp://... and break it.
+        "enableServiceLinks": False,
+        # vLLM never talks to the Kubernetes API.
+        "automountServiceAccountToken": False,
+    }
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if spec.ipc == "Host":
+        pod_spec["hostIPC"] = True
+    if spec.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if spec.affinity:
+        pod_spec["affinity"] = spec.affinity
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+
+    pod_labels = {**spec.pod_labels, **labels(plan.name)}
+    template_meta: dict[str, Any] = {"labels": pod_labels}
+    if spec.pod_annotations:
+        template_meta["annotations"] = dict(spec.pod_annotations)
+    return {"metadata": template_meta, "spec": pod_spec}
+
+
+# --------------------------------------------------------------------------- workloads
+def owns_replicas(spec: api.VLLMServerSpec) -> bool:
+    """Whether the StatefulSet's replicas come from spec.replicas (else an autoscaler owns them)."""
+    return not spec.autoscaling.enabled
+
+
+def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+    spec = plan.spec
+    sts_spec: dict[str, Any] = {
+        "serviceName": headless_service_name(plan.name),
+        # Parallel: scale-up starts every new replica at once instead of one model load at a time.
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": selector_labels(plan.name)},
+        "updateStrategy": {"type": "RollingUpdate"},
+        "template": pod_template(plan),
+    }
+    if owns_replicas(spec):
+        sts_spec["replicas"] = spec.replicas
+    if spec.cache is not None and spec.cache.size:
+        claim: dict[str, Any] = {
+            "metadata": {"name": "cache"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": spec.cache.size}}},
+        }
+        if spec.cache.storage_class_name:
+            claim["spec"]["storageClassName"] = spec.cache.storage_class_name
+        sts_spec["volumeClaimTemplates"] = [claim]
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata(plan, plan.name, owner),
+            "spec": sts_spec}
+
+
+def build_daemonset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": metadata(plan, plan.name, owner),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(plan.name)},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": pod_template(plan),
+        },
+    }
+
+
+# --------------------------------------------------------------------------- services, PDB
+def build_service(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+    """The client Service: the OpenAI-compatible API on port 8000, named http."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(plan, plan.name, owner),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(plan.name),
+            "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        },
+    }
+
+
+def build_headless_service(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+    """Stable DNS names per StatefulSet pod (the StatefulSet's serviceName)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(plan, headless_service_name(plan.name), owner),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(plan.name),
+            "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        },
+    }
+
+
+def wants_pdb(spec: api.VLLMServerSpec) -> bool:
+    if spec.workload != "StatefulSet":
+        return False
+    if spec.autoscaling.enabled:
+        return (spec.autoscaling.max_replicas or 1) > 1
+    return spec.replicas > 1
+
+
+def build_pdb(plan: Plan, owner: Optional[dict] = None, *, api_version: str = "policy/v1") -> dict[str, Any]:
+    """At most one replica down at a time through voluntary disruptions (drains, upgrades)."""
+    return {
+        "apiVersion": api_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(plan, plan.name, owner),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(plan.name)}},
+    }
+
+
+def build_all(plan: Plan, owner: Optional[dict] = None, *, pdb_api_version: str = "policy/v1") -> list[dict[str, Any]]:
+    """Every object one VLLMServer wants, in apply order. The plan must fit."""
+    if not plan.fits:
+        raise ValueError("cannot build objects for a plan with problems: " + "; ".join(map(str, plan.problems)))
+    spec = plan.spec
+    objects: list[dict[str, Any]] = [build_service(plan, owner)]
+    if spec.workload == "StatefulSet":
+        objects.append(build_headless_service(plan, owner))
+        objects.append(build_statefulset(plan, owner))
+    else:
+        objects.append(build_daemonset(plan, owner))
+    if wants_pdb(spec):
+        objects.append(build_pdb(plan, owner, api_version=pdb_api_version))
+    return objects

@@ -1,0 +1,209 @@
+"""The `vllm-operator` command: offline plan/render/crd, and `run` for the operator itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, TextIO
+
+import yaml
+
+from . import builders, crd, pipeline
+from .planner import GiB, Plan
+
+BAR_WIDTH = 60
+SEGMENTS = [  # (attribute or key, symbol, label)
+    ("weights", "W", "weights"),
+    ("activation", "A", "activation peak"),
+    ("non_torch", "O", "non-torch (CUDA ctx, NCCL)"),
+    ("kv_cache", "K", "KV cache"),
+    ("cuda_graphs", "G", "CUDA graphs (outside budget)"),
+    ("reserved", "R", "reserved (gpu.reservedMemory)"),
+    ("unused", ".", "unused"),
+]
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def memory_rows(plan: Plan) -> list[tuple[str, str, int]]:
+    m = plan.memory
+    assert m is not None
+    used = m.weights + m.activation + m.non_torch + m.kv_cache + m.cuda_graphs + m.reserved
+    values = {
+        "weights": m.weights, "activation": m.activation, "non_torch": m.non_torch, "kv_cache": m.kv_cache,
+        "cuda_graphs": m.cuda_graphs, "reserved": m.reserved, "unused": max(0, m.total - used),
+    }
+    return [(sym, label, values[key]) for key, sym, label in SEGMENTS]
+
+
+def memory_bar(plan: Plan) -> str:
+    rows = memory_rows(plan)
+    total = plan.memory.total
+    bar, acc, drawn = "", 0, 0
+    for sym, _, value in rows:
+        acc += value
+        upto = round(acc / total * BAR_WIDTH)
+        bar += sym * max(0, upto - drawn)
+        drawn = max(drawn, upto)
+    return "[" + bar.ljust(BAR_WIDTH, ".")[:BAR_WIDTH] + "]"
+
+
+def render_table(plan: Plan, out: TextIO) -> None:
+    spec = plan.spec
+    w = out.write
+    gpu_name = spec.gpu.product or "GPU"
+    w(f"{plan.namespace}/{plan.name}: {spec.model.name} on {spec.gpu.count} x {gpu_name}")
+    if plan.gpu_memory:
+        w(f" ({plan.gpu_memory / GiB:.2f} GiB each)")
+    w(f"  [{'fits' if plan.fits else 'DOES NOT FIT'}]\n")
+    if plan.model:
+        w(f"  model: {plan.model.source}\n")
+    if plan.memory:
+        w(f"  memory per GPU  {memory_bar(plan)}  budget {plan.memory.budget / GiB:.2f} GiB "
+          f"(--gpu-memory-utilization {plan.gpu_memory_utilization:.2f})\n")
+        for sym, label, value in memory_rows(plan):
+            share = value / plan.memory.total * 100
+            w(f"    {sym} {label:<31} {value / GiB:7.2f} GiB {share:5.1f}%\n")
+    if plan.decisions:
+        w("  flags\n")
+        for d in plan.decisions:
+            flag = f"{d.flag} {d.value}".strip()
+            w(f"    {flag:<34} {'[pinned] ' if d.pinned else ''}{d.why}\n")
+    if plan.kv_cache_tokens:
+        w(f"  capacity: {plan.kv_cache_tokens:,} KV tokens ({plan.kv_bytes_per_token:,} bytes/token/GPU); "
+          f"{plan.max_concurrency:.2f} concurrent requests of {plan.max_model_len:,} tokens\n")
+    for note in plan.notes:
+        w(f"  note: {note}\n")
+    for problem in plan.problems:
+        w(f"  ERROR {problem}\n")
+    if plan.args:
+        w("  args: vllm serve " + " ".join(plan.args) + "\n")
+    w("\n")
+
+
+def plan_json(plan: Plan) -> dict:
+    return {
+        "name": plan.name,
+        "namespace": plan.namespace,
+        "model": plan.spec.model.name,
+        "modelSource": plan.model.source if plan.model else None,
+        "args": plan.args,
+        "fits": plan.fits,
+        "problems": [str(p) for p in plan.problems],
+        "estimates": plan.estimates(),
+        "decisions": [{"flag": d.flag, "value": d.value, "why": d.why, "pinned": d.pinned} for d in plan.decisions],
+        "notes": plan.notes,
+    }
+
+
+def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[Plan], bool]:
+    """Load and plan every document; print document errors. Returns (plans, all_ok)."""
+    try:
+        text = _read(args.file)
+    except OSError as exc:
+        err.write(f"{args.file}: {exc.strerror or exc}\n")
+        return [], False
+    ok = True
+    plans = []
+    docs = pipeline.load_documents(text)
+    if not docs:
+        err.write(f"{args.file}: no VLLMServer documents\n")
+        return [], False
+    for doc in docs:
+        if doc.errors:
+            ok = False
+            for line in doc.errors:
+                err.write(f"{args.file}: {doc.name}: {line}\n")
+            continue
+        s = doc.server
+        plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=args.hf_endpoint)
+        plans.append(plan)
+        ok = ok and plan.fits
+    return plans, ok
+
+
+def cmd_plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    plans, ok = _plans(args, err)
+    if args.output == "json":
+        out.write(json.dumps([plan_json(p) for p in plans], indent=2) + "\n")
+    else:
+        for p in plans:
+            render_table(p, out)
+    for p in plans:
+        for problem in p.problems:
+            err.write(f"{args.file}: {p.name}: {problem}\n")
+    return 0 if ok else 1
+
+
+def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    plans, ok = _plans(args, err)
+    objects = []
+    for p in plans:
+        if p.fits:
+            objects += builders.build_all(p, pdb_api_version=args.pdb_api_version)
+        else:
+            for problem in p.problems:
+                err.write(f"{args.file}: {p.name}: {problem}\n")
+    out.write(yaml.safe_dump_all(objects, sort_keys=False, width=120))
+    return 0 if ok else 1
+
+
+def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    out.write(crd.crd_yaml())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from . import operator_main  # kopf is imported only for `run`
+
+    return operator_main.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-operator", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="show the derived vLLM flags, memory and capacity of VLLMServer files")
+    p.add_argument("file", help="YAML file with one or more VLLMServer documents ('-' for stdin)")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
+    p.set_defaults(func=cmd_plan)
+
+    r = sub.add_parser("render", help="print every Kubernetes object the operator would apply, as YAML")
+    r.add_argument("file", help="YAML file with one or more VLLMServer documents ('-' for stdin)")
+    r.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
+    r.add_argument("--pdb-api-version", default="policy/v1", choices=["policy/v1", "policy/v1beta1"],
+                   help="PodDisruptionBudget API (policy/v1beta1 for clusters older than 1.21)")
+    r.set_defaults(func=cmd_render)
+
+    c = sub.add_parser("crd", help="print the VLLMServer CustomResourceDefinition")
+    c.set_defaults(func=cmd_crd)
+
+    run = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster config")
+    run.add_argument("--namespace", "-n", action="append", default=[],
+                     help="watch only this namespace (repeatable); cluster-wide when omitted")
+    run.add_argument("--log-format", choices=["text", "json"], default="text")
+    run.add_argument("--verbose", action="store_true")
+    run.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
+    run.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
+    run.add_argument("--resync-seconds", type=float, default=60.0, help="periodic reconcile interval")
+    run.add_argument("--health-port", type=int, default=8080, help="port of /healthz and /metrics (0: off)")
+    run.add_argument("--peering", default=None, help="kopf peering name for HA (off when omitted)")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return args.func(args, sys.stdout, sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

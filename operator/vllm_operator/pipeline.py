@@ -1,0 +1,127 @@
+"""Read VLLMServer documents and run them through catalog -> planner, the same way offline and in-cluster.
+
+`load_documents` turns YAML text into validated servers or one readable line per error;
+`plan_server` resolves the model and GPU (the only step that may do I/O: a config.json
+fetch) and calls the pure planner.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import pydantic
+import yaml
+
+from . import api, catalog, planner
+
+
+@dataclass
+class Document:
+    """One YAML document: a valid server, or the reasons it is not one."""
+
+    index: int
+    name: str
+    server: Optional[api.VLLMServer] = None
+    errors: list[str] = field(default_factory=list)
+
+
+def _known_fields(model: type[pydantic.BaseModel], loc: tuple) -> list[str]:
+    """The camelCase field names at `loc` (for did-you-mean hints)."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int) or current is None:
+            continue
+        fields = getattr(current, "model_fields", {})
+        match = next((f for n, f in fields.items() if part in (n, f.alias)), None)
+        if match is None:
+            return []
+        current = _inner_model(match.annotation)
+    if current is None or not hasattr(current, "model_fields"):
+        return []
+    return [f.alias or n for n, f in current.model_fields.items()]
+
+
+def _inner_model(annotation: Any) -> Any:
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, pydantic.BaseModel):
+            return candidate
+        inner = _inner_model(candidate) if getattr(candidate, "__args__", None) else None
+        if inner is not None:
+            return inner
+    return None
+
+
+def format_validation_error(err: pydantic.ValidationError, root: type[pydantic.BaseModel], prefix: str = "") -> list[str]:
+    """One line per problem: the field path, what is wrong, and a hint where we have one."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = prefix + "".join(f"[{p}]" if isinstance(p, int) else (("." if i or prefix else "") + str(p))
+                                for i, p in enumerate(loc))
+        if e["type"] == "extra_forbidden":
+            known = _known_fields(root, loc)
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else (f" (known: {', '.join(known)})" if known else "")
+            lines.append(f"{path}: unknown field{hint}")
+        elif e["type"] == "missing":
+            lines.append(f"{path}: required field is missing")
+        else:
+            got = e.get("input")
+            shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) else ""
+            lines.append(f"{path}: {e['msg']}{shown}")
+    return lines
+
+
+def load_documents(text: str) -> list[Document]:
+    """Parse YAML text holding one or more VLLMServer documents."""
+    try:
+        raw_docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        return [Document(0, "?", errors=[f"YAML error: {where}{problem}"])]
+    docs = []
+    for i, raw in enumerate(raw_docs):
+        name = raw.get("metadata", {}).get("name", f"document {i + 1}") if isinstance(raw, dict) else f"document {i + 1}"
+        if not isinstance(raw, dict):
+            docs.append(Document(i, str(name), errors=["not a mapping: expected a VLLMServer object"]))
+            continue
+        if raw.get("kind") != api.KIND:
+            docs.append(Document(i, str(name), errors=[f"kind is {raw.get('kind')!r}, expected {api.KIND}"]))
+            continue
+        try:
+            docs.append(Document(i, str(name), server=api.VLLMServer.model_validate(raw)))
+        except pydantic.ValidationError as err:
+            docs.append(Document(i, str(name), errors=format_validation_error(err, api.VLLMServer)))
+    return docs
+
+
+def parse_spec(spec: dict[str, Any]) -> tuple[Optional[api.VLLMServerSpec], list[str]]:
+    """Validate a spec dict from the API server (already schema-checked there, except extras)."""
+    try:
+        return api.VLLMServerSpec.model_validate(spec), []
+    except pydantic.ValidationError as err:
+        return None, format_validation_error(err, api.VLLMServerSpec, prefix="spec")
+
+
+def plan_server(
+    name: str,
+    namespace: str,
+    spec: api.VLLMServerSpec,
+    *,
+    hf_endpoint: Optional[str] = None,
+    fetch: Callable[..., dict] = catalog.fetch_config,
+    default_prometheus_url: Optional[str] = None,
+) -> planner.Plan:
+    """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan."""
+    model_error = None
+    try:
+        model = catalog.resolve_model(spec.model, hf_endpoint=hf_endpoint, fetch=fetch)
+    except (catalog.UnknownModelError, ValueError) as exc:
+        model, model_error = None, str(exc)
+    gpu = catalog.lookup_gpu(spec.gpu.product) if spec.gpu.product else None
+    return planner.plan(name, namespace, spec, model, gpu, model_error=model_error,
+                        default_prometheus_url=default_prometheus_url)

@@ -1,0 +1,570 @@
+"""Derive vLLM's flags from the model, the GPU and the workload, and explain each one.
+
+Pure: spec + resolved model + GPU facts in, a `Plan` out; no I/O. The memory model
+mirrors how vLLM sizes its KV cache (vllm/v1/worker/gpu_worker.py,
+determine_available_memory): the budget is `gpu_memory_utilization x total memory`;
+from it come the weights, the activation peak of a profiling forward pass over
+`max_num_batched_tokens` tokens, and non-torch memory (CUDA context, NCCL); the rest
+is KV cache. CUDA graphs are captured after that, outside the budget, so the derived
+utilization leaves room for them. Every constant is in `ASSUMPTIONS`, with its source.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import api, vllm_flags
+from .api import VLLMServerSpec, parse_quantity
+from .catalog import GPUInfo, ResolvedModel
+
+GiB = 2**30
+MiB = 2**20
+
+#: The planner's assumptions in one place (values in bytes unless said otherwise).
+ASSUMPTIONS: dict[str, tuple[float, str]] = {
+    "block_size": (16, "vLLM's default KV block size; KV capacity is counted in whole blocks"),
+    "default_utilization": (0.92, "vLLM's default --gpu-memory-utilization (0.9 before 0.11)"),
+    "non_torch_tp1": (
+        0.35 * GiB,
+        "non-torch memory (CUDA context, cuBLAS) vLLM measured for Llama-3.1-8B on an RTX 3090 (vllm issue 10517)",
+    ),
+    "nccl_per_gpu_tp": (
+        2.1 * GiB,
+        "NCCL and custom all-reduce buffers per GPU at TP>=2 (llm-d capacity planner accuracy report)",
+    ),
+    "cuda_graph_per_gpu": (
+        0.75 * GiB,
+        "CUDA graph pool per GPU, captured after KV allocation, outside the utilization budget",
+    ),
+    "safety_margin": (0.25 * GiB, "slack per GPU between vLLM's budget and what the GPU has free"),
+    "activation_hidden_factor": (
+        7,
+        "activation peak per batched token = (2 x intermediate / TP + 7 x hidden) x dtype bytes; fitted to vLLM's "
+        "peak_torch_memory for Llama-3.1-8B at 20k and 29k batched tokens (vllm issue 10517), rounded up",
+    ),
+    "logits_bytes": (4, "float32 logits of the sampler's dummy run: max_num_seqs x vocab x 4 bytes"),
+    "context_headroom": (0.90, "derived --max-model-len stays within 90% of the estimated KV tokens"),
+    "quant_overhead": (1.03, "scales and zero points of 4-bit group quantization (group size 128)"),
+    "load_bandwidth": (200e6, "conservative bytes/s to download or read weights at start"),
+    "engine_init_seconds": (240, "engine start after weights: profiling, torch.compile, CUDA graphs"),
+    "startup_floor_seconds": (600, "never give a model less than this to start"),
+    "drain_tokens_per_second": (20, "decode speed assumed when sizing the termination grace period"),
+}
+
+
+def _a(name: str) -> float:
+    return ASSUMPTIONS[name][0]
+
+
+BYTES_PER_WEIGHT = {
+    "none": None,  # the compute dtype
+    "fp8": 1.0,
+    "awq": 0.5,
+    "awq_marlin": 0.5,
+    "gptq": 0.5,
+    "gptq_marlin": 0.5,
+    "bitsandbytes": 0.5,
+    "gguf": 0.6,  # ~4.8 bits for Q4_K_M, the common choice
+    "compressed-tensors": 1.0,  # W8A8 is the common case; 4-bit checkpoints are smaller
+}
+
+#: Flags the planner derives or the pod needs fixed: extraArgs may not set them.
+OWNED_FLAGS: dict[str, str] = {
+    "--model": "spec.model.name",
+    "--host": "the pod (probes and Services need 0.0.0.0)",
+    "--port": "the pod (probes and Services need port 8000)",
+    "--tensor-parallel-size": "spec.gpu.count",
+    "-tp": "spec.gpu.count",
+    "--max-model-len": "spec.engine.maxModelLen",
+    "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
+    "--max-num-seqs": "spec.engine.maxNumSeqs",
+    "--max-num-batched-tokens": "spec.engine.maxNumBatchedTokens",
+    "--kv-cache-dtype": "spec.engine.kvCacheDtype",
+    "--enable-prefix-caching": "spec.engine.enablePrefixCaching",
+    "--no-enable-prefix-caching": "spec.engine.enablePrefixCaching",
+    "--enforce-eager": "spec.engine.enforceEager",
+    "--no-enforce-eager": "spec.engine.enforceEager",
+    "--served-model-name": "spec.model.servedName",
+    "--quantization": "spec.model.quantization",
+    "-q": "spec.model.quantization",
+    "--dtype": "spec.model.dtype",
+    "--revision": "spec.model.revision",
+    "--download-dir": "spec.cache (HF_HOME)",
+}
+
+#: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
+KNOWN_BAD_FLAGS: dict[str, str] = {
+    "--swap-space": "was removed with the V0 engine; drop it",
+    "--prefill-chunk-size": "does not exist; chunked prefill is sized by engine.maxNumBatchedTokens",
+    "--gpu-memory-utilization-gpu0": "does not exist; use engine.gpuMemoryUtilization (one value for all GPUs)",
+}
+
+_CREDENTIAL_VALUE = re.compile(r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|ghp_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})")
+_CREDENTIAL_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+#: Environment the operator sets; engine.env may not override it.
+OWNED_ENV = {"HF_HOME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
+MAX_NAME_LENGTH = 52  # StatefulSet pods carry controller-revision-hash=<name>-<10 chars>, a 63-char label
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that stops the server from being deployed, with the field to change."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One derived (or pinned) flag and why it has its value."""
+
+    flag: str
+    value: str
+    why: str
+    pinned: bool = False
+
+
+@dataclass
+class Memory:
+    """Per-GPU memory breakdown, in bytes."""
+
+    total: int
+    reserved: int
+    budget: int
+    weights: int
+    activation: int
+    non_torch: int
+    kv_cache: int
+    cuda_graphs: int
+
+    @property
+    def free_after(self) -> int:
+        """Memory outside vLLM's budget, after CUDA graphs and the reservation."""
+        return self.total - self.budget - self.cuda_graphs - self.reserved
+
+
+@dataclass
+class Plan:
+    """Everything derived for one VLLMServer."""
+
+    name: str
+    namespace: str
+    spec: VLLMServerSpec
+    model: Optional[ResolvedModel] = None
+    gpu_memory: Optional[int] = None
+    gpu_source: str = ""
+    tensor_parallel_size: int = 1
+    args: list[str] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    memory: Optional[Memory] = None
+    kv_bytes_per_token: int = 0
+    kv_cache_tokens: int = 0
+    max_model_len: int = 0
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    gpu_memory_utilization: float = 0.0
+    weight_bytes_total: int = 0
+    shm_bytes: int = 0
+    host_memory_bytes: int = 0
+    cpu_request: int = 0
+    startup_seconds: int = 0
+    drain_seconds: int = 0
+    notes: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    @property
+    def max_concurrency(self) -> float:
+        return self.kv_cache_tokens / self.max_model_len if self.max_model_len else 0.0
+
+    def problem(self, field_path: str, message: str) -> None:
+        self.problems.append(Problem(field_path, message))
+
+    def estimates(self) -> dict[str, Any]:
+        """The estimates in the API's camelCase shape (status.plan.estimates, plan -o json)."""
+        m = self.memory
+        return {
+            "tensorParallelSize": self.tensor_parallel_size,
+            "gpuMemoryBytes": self.gpu_memory,
+            "weightBytesPerGpu": m.weights if m else None,
+            "activationBytesPerGpu": m.activation if m else None,
+            "overheadBytesPerGpu": (m.non_torch + m.cuda_graphs) if m else None,
+            "kvCacheBytesPerGpu": m.kv_cache if m else None,
+            "kvBytesPerToken": self.kv_bytes_per_token or None,
+            "kvCacheTokens": self.kv_cache_tokens or None,
+            "maxModelLen": self.max_model_len or None,
+            "maxConcurrency": round(self.max_concurrency, 2) if self.max_model_len else None,
+            "gpuMemoryUtilization": self.gpu_memory_utilization or None,
+            "startupSeconds": self.startup_seconds or None,
+        }
+
+    def status(self) -> dict[str, Any]:
+        """status.plan: args, estimates and the reasons, for `kubectl get -o yaml`."""
+        return {
+            "args": list(self.args),
+            "estimates": {k: v for k, v in self.estimates().items() if v is not None},
+            "notes": [f"{d.flag} {d.value}: {d.why}" for d in self.decisions] + list(self.notes),
+            "modelSource": self.model.source if self.model else None,
+        }
+
+
+# --------------------------------------------------------------------------- helpers
+def gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def _round_down(n: float, step: int) -> int:
+    return int(n // step * step)
+
+
+def dtype_bytes(spec: VLLMServerSpec, model: ResolvedModel) -> int:
+    """Bytes per element of weights/activations in the compute dtype."""
+    dtype = spec.model.dtype
+    if dtype == "auto":
+        # vLLM's auto: the checkpoint's dtype, but float32 checkpoints run in 16-bit.
+        return 2
+    return 4 if dtype == "float32" else 2
+
+
+def kv_bytes_per_token(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
+    """2 (K and V) x layers x max(1, kv_heads // TP) x head_dim x dtype bytes, per GPU."""
+    kv_elem = 1 if kv_dtype.startswith("fp8") else elem_bytes
+    kv_heads_per_gpu = max(1, arch.num_kv_heads // tp)
+    return 2 * arch.num_layers * kv_heads_per_gpu * arch.head_dim * kv_elem
+
+
+def weight_bytes(arch: api.ModelArchitecture, quantization: str, elem_bytes: int) -> int:
+    """Bytes of all weights; quantization leaves the embeddings and lm_head in 16-bit."""
+    params = arch.parameter_count
+    per = BYTES_PER_WEIGHT[quantization]
+    if per is None:
+        return params * elem_bytes
+    embed = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    embed = min(embed, params)
+    overhead = _a("quant_overhead") if per < 1 else 1.0
+    return int((params - embed) * per * overhead + embed * elem_bytes)
+
+
+def activation_bytes(arch: api.ModelArchitecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int) -> int:
+    """Peak activation of vLLM's profiling run over `batched_tokens`, plus sampler logits."""
+    per_token = (2 * arch.intermediate_size / tp + _a("activation_hidden_factor") * arch.hidden_size) * elem_bytes
+    logits = max_num_seqs * arch.vocab_size * _a("logits_bytes")
+    return int(batched_tokens * per_token + logits)
+
+
+def _divisors(n: int, limit: int = 64) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+# --------------------------------------------------------------------------- validation
+def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None) -> list[Problem]:
+    """Semantic checks the CRD schema cannot express. Pure."""
+    problems: list[Problem] = []
+    add = lambda f, m: problems.append(Problem(f, m))  # noqa: E731
+
+    if len(name) > MAX_NAME_LENGTH:
+        add("metadata.name", f"{len(name)} characters is too long: at most {MAX_NAME_LENGTH}, because pod labels derived "
+            "from it are limited to 63 characters")
+    a = spec.autoscaling
+    if a.enabled:
+        if spec.workload == "DaemonSet":
+            add("spec.autoscaling.enabled", "autoscaling needs workload: StatefulSet; a DaemonSet runs one server per "
+                "matching node, so its size follows the nodes (set autoscaling.enabled: false or workload: StatefulSet)")
+        if a.max_replicas is None:
+            add("spec.autoscaling.maxReplicas", "required when autoscaling is enabled")
+        elif a.max_replicas < a.min_replicas:
+            add("spec.autoscaling.maxReplicas", f"{a.max_replicas} is below minReplicas {a.min_replicas}")
+        if a.source == "Prometheus" and a.mode == "Operator" and not (a.prometheus_url or default_prometheus_url):
+            add("spec.autoscaling.prometheusURL", "source: Prometheus needs prometheusURL (or the operator's "
+                "--prometheus-url default)")
+    if spec.host_network and spec.workload != "DaemonSet":
+        add("spec.hostNetwork", "only a DaemonSet may use the node's network (replicas of a StatefulSet would "
+            "collide on port 8000)")
+    if spec.cache is not None:
+        c = spec.cache
+        if c.claim_name and (c.size or c.storage_class_name):
+            add("spec.cache", "set either claimName (an existing claim) or size/storageClassName (a new claim per "
+                "replica), not both")
+        elif not c.claim_name and not c.size:
+            add("spec.cache", "set size (a new claim per replica) or claimName (an existing claim)")
+        elif c.size and spec.workload == "DaemonSet":
+            add("spec.cache.size", "a DaemonSet cannot create a claim per pod; use cache.claimName (ReadWriteMany "
+                "or ReadOnlyMany)")
+    for i, env in enumerate(spec.engine.env):
+        where = f"spec.engine.env[{i}]"
+        if env.name in OWNED_ENV:
+            add(where, f"{env.name} is set by the operator; use hfTokenSecretRef for tokens and cache for HF_HOME")
+        elif _CREDENTIAL_VALUE.search(env.value) or (_CREDENTIAL_NAME.search(env.name) and env.value):
+            add(where, f"{env.name} looks like a credential in plaintext; anyone who can read the VLLMServer can read "
+                "it. Put it in a Secret and reference it with spec.hfTokenSecretRef")
+    if "nvidia.com/gpu" in spec.resources.requests or "nvidia.com/gpu" in spec.resources.limits:
+        add("spec.resources", "nvidia.com/gpu comes from spec.gpu.count; remove it from resources")
+    problems.extend(check_extra_args(spec.engine.extra_args))
+    return problems
+
+
+def check_extra_args(extra: list[str]) -> list[Problem]:
+    """Refuse flags vLLM does not have and flags the operator derives."""
+    problems: list[Problem] = []
+    known = vllm_flags.flags()
+    i = 0
+    while i < len(extra):
+        token = extra[i]
+        where = f"spec.engine.extraArgs[{i}]"
+        i += 1
+        if not token.startswith("-"):
+            problems.append(Problem(where, f"{token!r} is not a flag; extraArgs holds flags and their values, "
+                                    "like ['--seed', '1']"))
+            continue
+        flag = token.split("=", 1)[0]
+        normal = vllm_flags.normalise(flag)
+        if normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS:
+            problems.append(Problem(where, f"{flag} {KNOWN_BAD_FLAGS.get(normal) or KNOWN_BAD_FLAGS[flag]}"))
+            continue
+        if normal in OWNED_FLAGS or flag in OWNED_FLAGS:
+            owner = OWNED_FLAGS.get(normal) or OWNED_FLAGS[flag]
+            problems.append(Problem(where, f"{flag} is derived by the operator; set {owner} instead"))
+            continue
+        info = known.get(normal)
+        if info is None:
+            problems.append(Problem(where, f"vLLM {vllm_flags.VERSION} has no flag {flag}: the server would exit "
+                                    "with code 2 and crash-loop"))
+            continue
+        if "=" not in token and info.takes_value and i < len(extra) and not extra[i].startswith("--"):
+            value = extra[i]
+            i += 1
+            if info.choices and value not in info.choices:
+                problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))
+        elif "=" not in token and info.takes_value and info.nargs_required:
+            problems.append(Problem(where, f"{flag} needs a value"))
+    return problems
+
+
+# --------------------------------------------------------------------------- planning
+def resolve_gpu_memory(spec: VLLMServerSpec, gpu: Optional[GPUInfo]) -> tuple[Optional[int], str]:
+    if spec.gpu.memory is not None:
+        return int(parse_quantity(spec.gpu.memory)), f"spec.gpu.memory {spec.gpu.memory}"
+    if gpu is not None:
+        return gpu.memory_bytes, f"catalog {gpu.product} ({gpu.source})"
+    return None, ""
+
+
+def plan(
+    name: str,
+    namespace: str,
+    spec: VLLMServerSpec,
+    model: Optional[ResolvedModel],
+    gpu: Optional[GPUInfo] = None,
+    *,
+    model_error: Optional[str] = None,
+    default_prometheus_url: Optional[str] = None,
+) -> Plan:
+    """Derive the vLLM args and estimates for one server. Pure; never raises on bad input."""
+    p = Plan(name=name, namespace=namespace, spec=spec, model=model)
+    p.problems.extend(check_spec(name, spec, default_prometheus_url=default_prometheus_url))
+    tp = p.tensor_parallel_size = spec.gpu.count
+    p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, gpu)
+    if p.gpu_memory is None:
+        what = f"gpu.product {spec.gpu.product!r} is not in the catalog" if spec.gpu.product else "no gpu.product"
+        p.problem("spec.gpu.memory", f"{what}; set gpu.memory to one GPU's memory (for example 24Gi)")
+    if model is None:
+        p.problem("spec.model.architecture", model_error or f"no architecture for {spec.model.name}")
+    if model is None or p.gpu_memory is None:
+        return p
+    arch = model.architecture
+    e = spec.engine
+    prof = spec.workload_profile
+    elem = dtype_bytes(spec, model)
+
+    # ---- tensor parallelism
+    if arch.num_attention_heads % tp:
+        valid = ", ".join(str(d) for d in _divisors(arch.num_attention_heads, 16))
+        p.problem("spec.gpu.count", f"tensor parallelism over {tp} GPUs must divide the model's "
+                  f"{arch.num_attention_heads} attention heads; use one of {valid}")
+    elif arch.num_kv_heads < tp and tp % arch.num_kv_heads:
+        p.problem("spec.gpu.count", f"{tp} GPUs cannot share the model's {arch.num_kv_heads} KV heads evenly; "
+                  f"use a multiple of {arch.num_kv_heads}")
+    p.decisions.append(Decision("--tensor-parallel-size", str(tp), f"gpu.count: shard the model over {tp} GPU(s) "
+                                f"({arch.num_attention_heads} heads / {tp} = {arch.num_attention_heads / tp:g} per GPU)"))
+
+    # ---- memory budget
+    total = p.gpu_memory
+    reserved = int(parse_quantity(spec.gpu.reserved_memory))
+    graphs = 0 if e.enforce_eager else int(_a("cuda_graph_per_gpu"))
+    ceiling = (total - reserved - graphs - _a("safety_margin")) / total
+    if e.gpu_memory_utilization is not None:
+        util = e.gpu_memory_utilization
+        if util > ceiling + 1e-9:
+            p.problem("spec.engine.gpuMemoryUtilization", f"{util} asks for {gib(util * total)} of a {gib(total)} GPU, "
+                      f"but reservedMemory ({gib(reserved)}), CUDA graphs ({gib(graphs)}) and a {gib(_a('safety_margin'))}"
+                      f" margin leave {gib(ceiling * total)}: vLLM would fail to start or run out of memory. "
+                      f"Use at most {math.floor(ceiling * 100) / 100:.2f}")
+        why = "pinned by engine.gpuMemoryUtilization"
+    else:
+        util = min(_a("default_utilization"), math.floor(ceiling * 100) / 100)
+        why = (f"vLLM's default {_a('default_utilization')}" if util == _a("default_utilization") else
+               f"leaves {gib(reserved)} reserved + {gib(graphs)} CUDA graphs + {gib(_a('safety_margin'))} margin free")
+    if util <= 0:
+        p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM")
+        return p
+    p.gpu_memory_utilization = util
+    p.decisions.append(Decision("--gpu-memory-utilization", f"{util:.2f}", f"{why}: budget {gib(util * total)} of "
+                                f"{gib(total)} per GPU", pinned=e.gpu_memory_utilization is not None))
+    budget = int(util * total)
+
+    # ---- weights
+    p.weight_bytes_total = weight_bytes(arch, spec.model.quantization, elem)
+    weights = math.ceil(p.weight_bytes_total / tp)
+
+    # ---- batch sizing (before activation: the profile run uses max_num_batched_tokens)
+    big_gpu = total >= 70 * GiB and not (gpu and "A100" in gpu.product.upper())
+    seqs_default, batched_default = (1024, 8192) if big_gpu else (256, 2048)
+    if e.max_num_seqs is not None:
+        seqs, seqs_why = e.max_num_seqs, "pinned by engine.maxNumSeqs"
+    elif prof.target_concurrency:
+        factor = {"latency": 1.0, "balanced": 1.25, "throughput": 2.0}[prof.priority]
+        seqs = max(1, math.ceil(prof.target_concurrency * factor))
+        seqs_why = (f"Little's law: targetConcurrency {prof.target_concurrency} requests in flight x {factor} "
+                    f"({prof.priority}) so the target never queues inside vLLM")
+    else:
+        seqs, seqs_why = seqs_default, f"vLLM's default for a {gib(total)} GPU"
+    if e.max_num_batched_tokens is not None:
+        batched, batched_why = e.max_num_batched_tokens, "pinned by engine.maxNumBatchedTokens"
+    else:
+        batched = {"latency": min(batched_default, 1024) if not big_gpu else 2048, "balanced": batched_default,
+                   "throughput": batched_default * 2 if big_gpu else 8192}[prof.priority]
+        batched_why = {"latency": "small prefill chunks keep decode steps short (latency)",
+                       "balanced": "vLLM's default chunked-prefill budget",
+                       "throughput": "large prefill chunks for throughput"}[prof.priority]
+        if prof.priority == "throughput" and prof.p95_prompt_tokens:
+            batched = max(batched, min(prof.p95_prompt_tokens, 16384))
+        if batched < seqs:
+            batched, batched_why = seqs, f"raised to max-num-seqs ({seqs}): vLLM requires batched tokens >= seqs"
+    if batched < seqs:
+        p.problem("spec.engine.maxNumBatchedTokens", f"{batched} is below maxNumSeqs {seqs}; vLLM requires "
+                  "max-num-batched-tokens >= max-num-seqs")
+
+    # ---- activation, overheads, KV
+    activation = activation_bytes(arch, tp, batched, seqs, elem)
+    non_torch = int(_a("non_torch_tp1") + (_a("nccl_per_gpu_tp") if tp > 1 else 0))
+    kv = budget - weights - activation - non_torch
+    p.memory = Memory(total=total, reserved=reserved, budget=budget, weights=weights, activation=activation,
+                      non_torch=non_torch, kv_cache=max(kv, 0), cuda_graphs=graphs)
+    kv_dtype = e.kv_cache_dtype or "auto"
+    p.kv_bytes_per_token = kv_bytes_per_token(arch, tp, kv_dtype, elem)
+    if kv <= 0:
+        need = weights + activation + non_torch
+        options = [t for t in (2, 4, 8) if t > tp and arch.num_attention_heads % t == 0]
+        hint = f"use more GPUs (gpu.count: {options[0]})" if options else "use a bigger GPU"
+        p.problem("spec.gpu", f"the model does not fit: weights {gib(weights)} + activations {gib(activation)} + "
+                  f"overheads {gib(non_torch)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
+                  f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
+        return p
+    block = int(_a("block_size"))
+    p.kv_cache_tokens = _round_down(kv / p.kv_bytes_per_token, block)
+
+    # ---- max model len
+    model_limit = arch.max_position_embeddings
+    fit_limit = _round_down(p.kv_cache_tokens * _a("context_headroom"), block)
+    if e.max_model_len is not None:
+        length = e.max_model_len
+        if length > model_limit:
+            p.problem("spec.engine.maxModelLen", f"{length} is longer than {spec.model.name} supports "
+                      f"({model_limit} tokens); vLLM refuses it. Use at most {model_limit}")
+        elif length > fit_limit:
+            p.problem("spec.engine.maxModelLen", f"{length} tokens do not fit the KV cache ({p.kv_cache_tokens} "
+                      f"tokens, {gib(kv)} per GPU) with a {int(100 - _a('context_headroom') * 100)}% margin; the largest "
+                      f"length that fits is {fit_limit}. Lower maxModelLen, add GPUs, or use kvCacheDtype: fp8")
+        len_why = "pinned by engine.maxModelLen"
+    else:
+        requested = prof.max_context_tokens or model_limit
+        if prof.max_context_tokens and requested > model_limit:
+            p.problem("spec.workloadProfile.maxContextTokens", f"{requested} is longer than {spec.model.name} "
+                      f"supports ({model_limit} tokens); use at most {model_limit}")
+        length = min(requested, model_limit, fit_limit)
+        if length == requested:
+            len_why = "workloadProfile.maxContextTokens" if prof.max_context_tokens else "the model's own limit"
+            len_why += f", which fits the KV cache ({p.kv_cache_tokens} tokens)"
+        else:
+            len_why = (f"the KV cache holds {p.kv_cache_tokens} tokens; {length} keeps a "
+                       f"{int(100 - _a('context_headroom') * 100)}% margin (wanted {requested})")
+            if prof.max_context_tokens:
+                p.notes.append(f"warning: maxContextTokens {requested} does not fit; serving at most {length} tokens. "
+                               "Add GPUs or set engine.kvCacheDtype: fp8 to serve the full context")
+        typical = (prof.p95_prompt_tokens or 0) + (prof.p95_output_tokens or 0)
+        if length < max(typical, 16):
+            p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
+                      f"({typical} tokens); add GPUs or use a quantized model")
+    p.max_model_len = length
+    p.decisions.append(Decision("--max-model-len", str(length), len_why, pinned=e.max_model_len is not None))
+
+    # cap seqs by what the KV cache can hold for typical requests
+    if e.max_num_seqs is None:
+        typical = (prof.p95_prompt_tokens or 0) + (prof.p95_output_tokens or 0)
+        if typical:
+            cap = max(1, p.kv_cache_tokens // typical)
+            if cap < seqs:
+                seqs, seqs_why = cap, f"the KV cache holds {cap} requests of p95 prompt+output ({typical} tokens)"
+    p.max_num_seqs, p.max_num_batched_tokens = seqs, batched
+    p.decisions.append(Decision("--max-num-seqs", str(seqs), seqs_why, pinned=e.max_num_seqs is not None))
+    p.decisions.append(Decision("--max-num-batched-tokens", str(batched), batched_why,
+                                pinned=e.max_num_batched_tokens is not None))
+    if kv_dtype != "auto":
+        p.decisions.append(Decision("--kv-cache-dtype", kv_dtype, f"pinned: {p.kv_bytes_per_token} bytes/token per GPU",
+                                    pinned=True))
+    prefix = True if e.enable_prefix_caching is None else e.enable_prefix_caching
+    p.decisions.append(Decision("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching", "",
+                                "pinned" if e.enable_prefix_caching is not None else
+                                "reuse KV of shared prefixes (system prompts, chat history)",
+                                pinned=e.enable_prefix_caching is not None))
+    if e.enforce_eager:
+        p.decisions.append(Decision("--enforce-eager", "", "pinned: no CUDA graphs (less memory, slower decode)",
+                                    pinned=True))
+
+    # ---- pod sizing
+    if spec.ipc == "SharedMemory":
+        if spec.shm_size is not None:
+            p.shm_bytes = int(parse_quantity(spec.shm_size))
+            if tp > 1 and p.shm_bytes < GiB:
+                p.problem("spec.shmSize", f"{spec.shm_size} of /dev/shm is too small for tensor parallelism over {tp} "
+                          "GPUs (NCCL fails with 'Bus error'); use at least 1Gi, or ipc: Host")
+        else:
+            p.shm_bytes = 2 * GiB if tp == 1 else 4 * GiB * tp
+            p.notes.append(f"/dev/shm {gib(p.shm_bytes)} in memory: room for NCCL between {tp} GPU worker(s)")
+    else:
+        p.notes.append("ipc: Host: NCCL uses the host's shared memory (the pod gets hostIPC: true)")
+    p.host_memory_bytes = max(8 * GiB, math.ceil((p.weight_bytes_total / 2 + 4 * GiB) / GiB) * GiB)
+    p.cpu_request = max(4, 2 * tp + 2)
+    p.startup_seconds = int(max(_a("startup_floor_seconds"),
+                                p.weight_bytes_total / _a("load_bandwidth") + _a("engine_init_seconds")))
+    p.drain_seconds = int(min(600, max(30, (prof.p95_output_tokens or 512) / _a("drain_tokens_per_second"))))
+    if spec.image != api.DEFAULT_IMAGE:
+        p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
+    p.args = engine_args(p)
+    return p
+
+
+def engine_args(p: Plan) -> list[str]:
+    """The container args after `vllm serve`: model first, then flags in a stable order."""
+    spec = p.spec
+    args = [spec.model.name, "--host", "0.0.0.0", "--port", "8000"]
+    args += ["--served-model-name", spec.model.served_name or spec.model.name]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    if spec.model.dtype != "auto":
+        args += ["--dtype", spec.model.dtype]
+    if spec.model.quantization != "none":
+        args += ["--quantization", spec.model.quantization]
+    for d in p.decisions:
+        args += [d.flag, d.value] if d.value else [d.flag]
+    args += list(spec.engine.extra_args)
+    return args

@@ -1,0 +1,330 @@
+"""Reconcile one VLLMServer: plan, apply the children with server-side apply, prune, report status.
+
+Level-based and idempotent: every call reads the current object and its children and
+converges them on what the spec wants, whatever happened before (operator restarts,
+hand edits, deleted children). Writes happen only when something differs: a child is
+applied only when its desired fields are not already live, and status only when it
+changed, so a no-op resync costs reads only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from . import api, builders, pipeline
+from .kube import ApiError, Kube
+
+log = logging.getLogger("vllm_operator.reconcile")
+
+HASH_ANNOTATION = f"{api.GROUP}/desired-hash"
+#: Status fields this reconciler owns (server-side apply on /status under its field manager);
+#: the autoscaler owns status.autoscaling and its own conditions under another manager.
+OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan")
+OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded")
+COMPONENT = "vllm-operator"
+
+
+def utcnow() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --------------------------------------------------------------------------- pure helpers
+def desired_hash(obj: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object plus an annotation naming the hash of what we sent, so removals are noticed too."""
+    digest = desired_hash(obj)
+    out = json.loads(json.dumps(obj))
+    out["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
+    return out
+
+
+def is_subset(want: Any, have: Any) -> bool:
+    """Every field in `want` is in `have` with the same value (server defaults may add more)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(k in have and is_subset(v, have[k]) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
+    return want == have or (isinstance(want, (int, float)) and isinstance(have, str) and str(want) == have)
+
+
+def up_to_date(want: dict[str, Any], live: Optional[dict[str, Any]]) -> bool:
+    if live is None:
+        return False
+    digest = want["metadata"]["annotations"][HASH_ANNOTATION]
+    if live.get("metadata", {}).get("annotations", {}).get(HASH_ANNOTATION) != digest:
+        return False
+    return is_subset(want, live)
+
+
+def set_condition(conditions: list[dict], type_: str, status: str, reason: str, message: str,
+                  generation: Optional[int], now: str) -> list[dict]:
+    """Conditions keyed by type; lastTransitionTime moves only when status changes."""
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else now
+    new = {"type": type_, "status": status, "reason": reason, "message": message[:32768],
+           "lastTransitionTime": since or now, "observedGeneration": generation}
+    if old is None:
+        return [*conditions, new]
+    return [new if c is old else c for c in conditions]  # keep the order: no spurious status writes
+
+
+def own_status(status: dict[str, Any]) -> dict[str, Any]:
+    """The part of a live status this reconciler owns, to compare with what it would write."""
+    out = {k: status[k] for k in OWN_FIELDS if k in status}
+    if "conditions" in out:
+        out["conditions"] = [c for c in out["conditions"] if c.get("type") in OWN_CONDITIONS]
+    return out
+
+
+def condition(status: dict[str, Any], type_: str) -> Optional[dict[str, Any]]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
+
+
+BAD_WAITING = {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError",
+               "CreateContainerError", "InvalidImageName"}
+
+
+def pod_trouble(pods: list[dict[str, Any]]) -> Optional[str]:
+    """A message about the first pod that is crash-looping or cannot start, if any."""
+    for pod in pods:
+        for cs in pod.get("status", {}).get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in BAD_WAITING:
+                last = (cs.get("lastState") or {}).get("terminated") or {}
+                detail = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
+                msg = (last.get("message") or waiting.get("message") or "").strip().splitlines()
+                tail = f": {msg[-1][:300]}" if msg else ""
+                return (f"pod {pod['metadata']['name']}: {cs.get('name')} is {waiting['reason']} "
+                        f"(restarts {cs.get('restartCount', 0)}{detail}){tail}")
+    return None
+
+
+def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """Desired/ready/updated counts of the StatefulSet or DaemonSet and whether it has settled."""
+    if workload is None:
+        return {"desired": 0, "ready": 0, "updated": 0, "settled": False}
+    st = workload.get("status") or {}
+    gen_ok = st.get("observedGeneration", 0) >= workload["metadata"].get("generation", 0)
+    if workload["kind"] == "StatefulSet":
+        desired = workload["spec"].get("replicas", 1)
+        ready = st.get("readyReplicas", 0)
+        updated = st.get("updatedReplicas", 0)
+        revision_ok = st.get("currentRevision") == st.get("updateRevision") or updated >= desired
+        settled = gen_ok and ready >= desired and updated >= desired and revision_ok and st.get("replicas", 0) == desired
+    else:
+        desired = st.get("desiredNumberScheduled", 0)
+        ready = st.get("numberReady", 0)
+        updated = st.get("updatedNumberScheduled", 0)
+        settled = gen_ok and ready >= desired and updated >= desired
+    return {"desired": desired, "ready": ready, "updated": updated, "settled": settled}
+
+
+# --------------------------------------------------------------------------- reconciler
+@dataclass
+class Result:
+    """What one reconcile did (for logs, metrics and tests)."""
+
+    valid: bool = True
+    applied: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    status_written: bool = False
+    events: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    hf_endpoint: Optional[str] = None
+    prometheus_url: Optional[str] = None
+    pdb_api_version: str = "policy/v1"
+    clock: Callable[[], str] = utcnow
+    fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
+
+    def managed_kinds(self) -> list[tuple[str, str]]:
+        return [("v1", "Service"), ("apps/v1", "StatefulSet"), ("apps/v1", "DaemonSet"),
+                (self.pdb_api_version, "PodDisruptionBudget")]
+
+    # ---- entry point
+    def reconcile(self, namespace: str, name: str) -> Optional[Result]:
+        body = self.kube.get(api.API_VERSION, api.KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None  # gone: garbage collection removes the children
+        return self.reconcile_body(body)
+
+    def reconcile_body(self, body: dict[str, Any]) -> Result:
+        meta = body["metadata"]
+        name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
+        status = json.loads(json.dumps(body.get("status") or {}))
+        result = Result()
+        now = self.clock()
+        conditions = list(status.get("conditions") or [])
+
+        spec, errors = pipeline.parse_spec(body.get("spec") or {})
+        plan = None
+        if spec is not None:
+            kwargs = {"fetch": self.fetch_config} if self.fetch_config else {}
+            plan = pipeline.plan_server(name, namespace, spec, hf_endpoint=self.hf_endpoint,
+                                        default_prometheus_url=self.prometheus_url, **kwargs)
+            errors = [str(p) for p in plan.problems]
+
+        old_valid = condition(status, "SpecValid")
+        if errors:
+            result.valid = False
+            message = "; ".join(errors)
+            conditions = set_condition(conditions, "SpecValid", "False", "InvalidSpec", message, generation, now)
+            if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
+                result.events.append(("Warning", "InvalidSpec", message))
+            # Nothing new is applied: the children of the last valid spec keep serving.
+            live = self._live_children(namespace, name, meta["uid"])
+            workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+            progress = workload_progress(workload)
+            conditions = set_condition(conditions, "Degraded", "True", "InvalidSpec",
+                                       "the spec cannot be deployed; the last valid version keeps running: " + message,
+                                       generation, now)
+            conditions = self._ready_conditions(conditions, progress, workload, generation, now, stalled=True)
+            kept = {k: status[k] for k in ("selector", "endpoint", "plan") if k in status}
+            new_status = {**kept, "observedGeneration": generation, "conditions": conditions,
+                          "replicas": progress["desired"], "readyReplicas": progress["ready"]}
+        else:
+            assert spec is not None and plan is not None
+            conditions = set_condition(conditions, "SpecValid", "True", "Planned",
+                                       f"flags derived: {plan.max_model_len} tokens of context, "
+                                       f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
+            desired = [with_hash(o) for o in builders.build_all(plan, body, pdb_api_version=self.pdb_api_version)]
+            live = self._live_children(namespace, name, meta["uid"])
+            workload = None
+            for obj in desired:
+                current = live.pop((obj["kind"], obj["metadata"]["name"]), None)
+                if up_to_date(obj, current):
+                    applied = current
+                else:
+                    applied = self.kube.apply(obj)
+                    result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
+                if obj["kind"] in ("StatefulSet", "DaemonSet"):
+                    workload = applied
+            for (kind, child), obj in live.items():  # owned by us, no longer wanted
+                if self.kube.delete(obj["apiVersion"], kind, namespace, child, uid=obj["metadata"]["uid"]):
+                    result.pruned.append(f"{kind}/{child}")
+            if result.pruned:
+                result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
+            if result.applied:
+                result.events.append(("Normal", "Applied", f"applied {', '.join(result.applied)}; vllm serve "
+                                      + " ".join(plan.args)))
+            progress = workload_progress(workload)
+            pods = self.kube.list("v1", "Pod", namespace, label_selector=builders.selector_string(name))
+            trouble = pod_trouble(pods)
+            if trouble:
+                conditions = set_condition(conditions, "Degraded", "True", "PodFailing", trouble, generation, now)
+            else:
+                conditions = set_condition(conditions, "Degraded", "False", "AsExpected", "no pod is failing",
+                                           generation, now)
+            conditions = self._ready_conditions(conditions, progress, workload, generation, now)
+            new_status = {
+                "observedGeneration": generation,
+                "conditions": conditions,
+                "replicas": progress["desired"],
+                "readyReplicas": progress["ready"],
+                "selector": builders.selector_string(name),
+                "endpoint": f"http://{name}.{namespace}.svc:{builders.PORT}/v1",
+                "plan": {k: v for k, v in plan.status().items() if v is not None},
+            }
+
+        new_status["conditions"] = [c for c in new_status["conditions"] if c["type"] in OWN_CONDITIONS]
+        self._transition_events(status, new_status["conditions"], result)
+        if new_status != own_status(status):
+            self.write_status(body, new_status)
+            result.status_written = True
+        for type_, reason, message in result.events:
+            self.event(body, type_, reason, message)
+        return result
+    # ---- pieces
+    def _ready_conditions(self, conditions, progress, workload, generation, now, stalled=False):
+        desired, ready = progress["desired"], progress["ready"]
+        if workload is None:
+            conditions = set_condition(conditions, "Ready", "False", "NoWorkload", "no workload has been created",
+                                       generation, now)
+            return set_condition(conditions, "Progressing", "False" if stalled else "True",
+                                 "InvalidSpec" if stalled else "Creating", "waiting for a valid spec" if stalled
+                                 else "creating the workload", generation, now)
+        if desired == 0:
+            ready_c = ("True", "ScaledToZero", "no replicas requested")
+        elif ready >= desired:
+            ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
+        elif ready > 0:
+            ready_c = ("False", "PartiallyReady", f"{ready}/{desired} replicas ready")
+        else:
+            ready_c = ("False", "NoReplicasReady", f"0/{desired} replicas ready (models load for minutes)")
+        conditions = set_condition(conditions, "Ready", *ready_c, generation, now)
+        if progress["settled"]:
+            prog = ("False", "Stable", f"{workload['kind']} is up to date")
+        else:
+            prog = ("True", "RollingOut", f"{workload['kind']}: {progress['updated']}/{desired} updated, "
+                    f"{ready}/{desired} ready")
+        return set_condition(conditions, "Progressing", *prog, generation, now)
+
+    def _transition_events(self, old_status: dict, conditions: list[dict], result: Result) -> None:
+        old = {c["type"]: c.get("status") for c in old_status.get("conditions") or []}
+        for c in conditions:
+            if c["type"] == "Ready" and old.get("Ready") != c["status"] and not (
+                    old.get("Ready") is None and c["status"] == "False"):
+                result.events.append(("Normal" if c["status"] == "True" else "Warning",
+                                      "Ready" if c["status"] == "True" else "NotReady", c["message"]))
+            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] == "PodFailing" and (
+                    old.get("Degraded") != "True"):
+                result.events.append(("Warning", "PodFailing", c["message"]))
+
+    def _live_children(self, namespace: str, name: str, uid: str) -> dict[tuple[str, str], dict[str, Any]]:
+        selector = f"{builders.SERVER_LABEL}={name}"
+        live: dict[tuple[str, str], dict[str, Any]] = {}
+        for api_version, kind in self.managed_kinds():
+            try:
+                items = self.kube.list(api_version, kind, namespace, label_selector=selector)
+            except ApiError as e:
+                if e.status == 404:
+                    continue
+                raise
+            for item in items:
+                owners = item["metadata"].get("ownerReferences") or []
+                if any(o.get("uid") == uid and o.get("controller") for o in owners):
+                    item.setdefault("apiVersion", api_version)
+                    item.setdefault("kind", kind)
+                    live[(kind, item["metadata"]["name"])] = item
+        return live
+
+    def write_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+        """Server-side apply of the fields we own; fields we stop sending are removed by the server."""
+        meta = body["metadata"]
+        self.kube.apply({"apiVersion": api.API_VERSION, "kind": api.KIND,
+                         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                         "status": status}, subresource="status")
+
+    def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body["metadata"]
+        now = self.clock()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+        except ApiError as e:  # an event is best effort; never fail a reconcile for it
+            log.warning("could not record event %s: %s", reason, e)

@@ -1,0 +1,104 @@
+"""The API models and the CRD generated from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_operator import api, crd
+from vllm_operator.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD_FILE = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"
+
+
+def test_committed_crd_is_generated_from_the_models():
+    assert CRD_FILE.read_text() == crd.crd_yaml(), (
+        "crds/ is stale: run `vllm-operator crd > crds/vllmservers.vllm-operator.io.yaml`"
+    )
+
+
+def test_crd_command_prints_the_crd(capsys):
+    assert main(["crd"]) == 0
+    assert capsys.readouterr().out == crd.crd_yaml()
+
+
+def _walk(node, path="$"):
+    yield path, node
+    for key in ("properties",):
+        for name, child in node.get(key, {}).items():
+            yield from _walk(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural():
+    schema = crd.openapi_schema()
+    for path, node in _walk(schema):
+        assert "$ref" not in node and "anyOf" not in node and "allOf" not in node, path
+        assert ("type" in node or node.get("x-kubernetes-int-or-string")
+                or node.get("x-kubernetes-preserve-unknown-fields")), f"{path} has no type"
+        if node.get("type") == "object" and "properties" not in node and path != "$.metadata":
+            assert "additionalProperties" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+
+
+def test_schema_carries_enums_ranges_required_and_defaults():
+    spec = crd.openapi_schema()["properties"]["spec"]
+    props = spec["properties"]
+    assert spec["required"] == ["model"]
+    assert props["model"]["required"] == ["name"]
+    assert props["workload"]["enum"] == ["StatefulSet", "DaemonSet"]
+    assert props["workload"]["default"] == "StatefulSet"
+    assert props["ipc"]["enum"] == ["Host", "SharedMemory"]
+    assert props["gpu"]["properties"]["count"]["minimum"] == 1
+    assert props["engine"]["properties"]["gpuMemoryUtilization"]["maximum"] == 1.0
+    assert props["autoscaling"]["properties"]["source"]["enum"] == ["Pods", "Prometheus"]
+    assert props["workloadProfile"]["properties"]["priority"]["enum"] == ["latency", "balanced", "throughput"]
+    assert props["gpu"]["properties"]["memory"]["x-kubernetes-int-or-string"] is True
+    # the only free-form field is affinity, passed through to the pod as is
+    free = [p for p, n in _walk(crd.openapi_schema()) if n.get("x-kubernetes-preserve-unknown-fields")]
+    assert free == ["$.spec.affinity"]
+
+
+def test_every_field_has_a_description():
+    for path, node in _walk(crd.openapi_schema()["properties"]["spec"], "spec"):
+        if path != "spec" and not path.endswith("{}") and not path.endswith("[]"):
+            assert node.get("description"), f"{path} has no description"
+
+
+def test_subresources_and_printer_columns():
+    version = crd.crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    names = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert names == ["Model", "Workload", "Desired", "Ready-Replicas", "Max-Context", "Ready", "Age"]
+    assert crd.crd()["spec"]["names"]["shortNames"] == ["vllms"]
+
+
+@pytest.mark.parametrize("text,ok", [("24Gi", True), ("23.58Gi", True), ("500M", True), ("1e9", True),
+                                     ("24 GiB", False), ("lots", False), ("", False)])
+def test_quantities(text, ok):
+    if ok:
+        assert api.parse_quantity(text) > 0
+    else:
+        with pytest.raises(ValueError):
+            api.parse_quantity(text)
+
+
+def test_quantity_values():
+    assert api.parse_quantity("24Gi") == 24 * 2**30
+    assert api.parse_quantity("500M") == 500 * 10**6
+    assert float(api.parse_quantity("23.58Gi")) == pytest.approx(23.58 * 2**30)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_validate(path):
+    for doc in yaml.safe_load_all(path.read_text()):
+        api.VLLMServer.model_validate(doc)
