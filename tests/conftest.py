@@ -1,0 +1,1 @@
+pytest_plugins = ["e2e.pytest_fixtures"]

@@ -1,0 +1,234 @@
+"""The local control plane (etcd + kube-apiserver + kube-controller-manager
+1.20) and the fake kubelet that the e2e tests rely on."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from e2e.controlplane import ENV_KUBECONFIG, ControlPlane, wait_for
+from e2e.fakekubelet import FakeKubelet
+
+pytestmark = pytest.mark.apiserver
+
+ROOT = Path(__file__).resolve().parents[1]
+local_only = pytest.mark.skipif(
+    bool(os.environ.get(ENV_KUBECONFIG)), reason="starts its own local control plane"
+)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+
+
+def _statefulset(name: str, replicas: int) -> dict:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "main", "image": "example.invalid/none:1"}]},
+            },
+        },
+    }
+
+
+def test_version(control_plane, k8s):
+    v = client.VersionApi(k8s).get_code()
+    assert v.major == "1" and v.git_version
+    if not os.environ.get(ENV_KUBECONFIG):
+        assert v.git_version == "v1.20.2"
+    out = control_plane.kubectl("get", "--raw", "/version").stdout
+    assert json.loads(out)["gitVersion"] == v.git_version
+
+
+def test_service_account_token_secret(k8s, namespace):
+    core = client.CoreV1Api(k8s)
+
+    def token_secret():
+        sa = core.read_namespaced_service_account("default", namespace)
+        for ref in sa.secrets or []:
+            s = core.read_namespaced_secret(ref.name, namespace)
+            if s.type == "kubernetes.io/service-account-token" and (s.data or {}).get("token"):
+                return s
+        return None
+
+    s = wait_for(token_secret, 30, "default ServiceAccount token Secret")
+    assert {"token", "ca.crt", "namespace"} <= set(s.data)
+
+
+def test_garbage_collector_deletes_owned_configmap(k8s, namespace):
+    core = client.CoreV1Api(k8s)
+    owner = core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "owner"}, "data": {"a": "1"}}
+    )
+    core.create_namespaced_config_map(
+        namespace,
+        {
+            "metadata": {
+                "name": "owned",
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
+                ],
+            },
+            "data": {"b": "2"},
+        },
+    )
+    core.delete_namespaced_config_map("owner", namespace)
+
+    def owned_gone() -> bool:
+        try:
+            core.read_namespaced_config_map("owned", namespace)
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_for(owned_gone, 60, "garbage collection of the owned ConfigMap")
+
+
+def test_statefulset_pods_run_on_fake_kubelet(k8s, namespace):
+    apps = client.AppsV1Api(k8s)
+    core = client.CoreV1Api(k8s)
+    started: list[tuple[str, str]] = []
+    stopped: list[tuple[str, str]] = []
+
+    kubelet = FakeKubelet(
+        k8s,
+        namespace=namespace,
+        node_name=f"fake-{namespace}"[:63],
+        on_pod_start=lambda pod, ip: started.append((pod.metadata.name, ip)),
+        on_pod_stop=lambda pod, ip: stopped.append((pod.metadata.name, ip)),
+    )
+    with kubelet:
+        node = core.read_node(kubelet.node_name)
+        assert node.status.allocatable["nvidia.com/gpu"] == "8"
+
+        apps.create_namespaced_stateful_set(namespace, _statefulset("web", 2))
+
+        def two_ready():
+            st = apps.read_namespaced_stateful_set("web", namespace).status
+            return st.ready_replicas == 2
+
+        wait_for(two_ready, 60, "StatefulSet readyReplicas == 2")
+
+        pods = core.list_namespaced_pod(namespace, label_selector="app=web").items
+        assert sorted(p.metadata.name for p in pods) == ["web-0", "web-1"]
+        ips = {p.status.pod_ip for p in pods}
+        assert len(ips) == 2
+        for p in pods:
+            assert ipaddress.ip_address(p.status.pod_ip) in ipaddress.ip_network("127.0.0.0/8")
+            assert p.spec.node_name == kubelet.node_name
+            assert p.status.phase == "Running"
+            conds = {c.type: c.status for c in p.status.conditions}
+            assert conds["Ready"] == "True" and conds["PodScheduled"] == "True"
+        assert sorted(started) == sorted((p.metadata.name, p.status.pod_ip) for p in pods)
+
+        # Readiness can be flipped later, as a failing readiness probe would.
+        kubelet.set_ready(namespace, "web-1", False)
+        wait_for(
+            lambda: apps.read_namespaced_stateful_set("web", namespace).status.ready_replicas == 1,
+            30,
+            "readyReplicas == 1 after set_ready(False)",
+        )
+        kubelet.set_ready(namespace, "web-1", True)
+        wait_for(two_ready, 30, "readyReplicas == 2 again")
+
+        apps.patch_namespaced_stateful_set_scale("web", namespace, {"spec": {"replicas": 0}})
+        wait_for(
+            lambda: not core.list_namespaced_pod(namespace, label_selector="app=web").items,
+            60,
+            "StatefulSet pods deleted after scaling to 0",
+        )
+        assert sorted(stopped) == sorted(started)
+        assert kubelet.running_pods == {}
+        assert kubelet.errors == []
+
+
+def test_node_selector_mismatch_stays_pending(k8s, namespace):
+    core = client.CoreV1Api(k8s)
+    with FakeKubelet(k8s, namespace=namespace, node_name=f"fake-{namespace}"[:63]) as kubelet:
+        core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": "wants-h100"},
+                "spec": {
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                    "containers": [{"name": "main", "image": "example.invalid/none:1"}],
+                },
+            },
+        )
+
+        def unschedulable():
+            p = core.read_namespaced_pod("wants-h100", namespace)
+            return any(
+                c.type == "PodScheduled" and c.reason == "Unschedulable" for c in p.status.conditions or []
+            )
+
+        wait_for(unschedulable, 30, "PodScheduled=False/Unschedulable")
+        p = core.read_namespaced_pod("wants-h100", namespace)
+        assert p.spec.node_name is None and p.status.phase == "Pending"
+        assert kubelet.errors == []
+
+
+@local_only
+def test_stop_leaves_no_processes(tmp_path):
+    cp = ControlPlane(tmp_path / "cp")
+    cp.start()
+    pids = cp.pids
+    assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager"}
+    assert all(_pid_alive(p) for p in pids.values())
+    cp.kubectl("get", "namespaces")
+    cp.stop()
+    cp.stop()  # idempotent
+    assert not any(_pid_alive(p) for p in pids.values()), pids
+
+
+@local_only
+def test_children_die_with_the_python_process(tmp_path):
+    """If the test process is killed (no atexit), PDEATHSIG takes the children."""
+    code = (
+        "import json, sys, time\n"
+        "from e2e.controlplane import ControlPlane\n"
+        f"cp = ControlPlane({str(tmp_path / 'cp')!r}).start()\n"
+        "print(json.dumps(cp.pids), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = [None]
+        reader = threading.Thread(target=lambda: line.__setitem__(0, proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(120)
+        assert line[0], "control plane did not start in the child process"
+        pids = json.loads(line[0])
+        assert all(_pid_alive(p) for p in pids.values())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    wait_for(lambda: not any(_pid_alive(p) for p in pids.values()), 15, f"children {pids} to die")
+    # Its etcd data dir on tmpfs is left behind (the next start would remove it).
+    for d in Path("/dev/shm").glob(f"vllm-operator-etcd-{proc.pid}-*"):
+        shutil.rmtree(d, ignore_errors=True)
