@@ -1,0 +1,491 @@
+"""The catalog: facts about models and GPUs that the planner sizes vLLM with.
+
+One job: answer "what is this model's architecture?" and "how much memory does this
+GPU have?" -- from built-in data (``models.yaml``, ``gpus.yaml``), a model's
+``config.json`` (a URL, a local directory or a Hugging Face endpoint), and the
+``spec.model.architecture`` overrides, in that order of precedence. Fields nobody
+gave are derived where the arithmetic is unambiguous and reported as estimated.
+
+Pure apart from :func:`fetch_config`, which the caller can replace; nothing here
+touches the network at import time, and the YAML files are read once.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable, Optional
+
+import yaml
+
+from ..api import ModelArchitecture, ModelSpec
+
+__all__ = [
+    "GPUInfo",
+    "ResolvedModel",
+    "UnknownModelError",
+    "architecture_from_config",
+    "estimate_parameter_count",
+    "fetch_config",
+    "hf_config_url",
+    "known_gpus",
+    "known_models",
+    "lookup_gpu",
+    "lookup_model",
+    "resolve_model",
+]
+
+#: Architecture fields, snake_case, in ModelArchitecture order.
+ARCH_FIELDS: tuple[str, ...] = tuple(ModelArchitecture.model_fields)
+#: snake_case field -> the camelCase name users write under spec.model.architecture.
+CAMEL: dict[str, str] = {
+    name: (field.alias or name) for name, field in ModelArchitecture.model_fields.items()
+}
+_MAX_CONFIG_BYTES = 16 * 2**20
+
+
+# --------------------------------------------------------------------------- types
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model architecture with every field the planner needs, and where it came from."""
+
+    architecture: ModelArchitecture
+    source: str
+    estimated: tuple[str, ...] = ()
+
+
+class UnknownModelError(ValueError):
+    """The model's architecture is not known well enough to plan for it."""
+
+    def __init__(self, model: str, missing: list[str], detail: str = "") -> None:
+        self.model = model
+        self.missing = list(missing)
+        fields = ", ".join(self.missing)
+        message = (
+            f"model {model!r} is not in the built-in catalog and its architecture is incomplete: "
+            f"set {fields} under spec.model.architecture, or set spec.model.configURL to the "
+            f"URL of the model's config.json"
+        )
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """One GPU product: its memory as CUDA reports it, and what it can do."""
+
+    product: str
+    memory_bytes: int
+    compute_capability: str
+    supports_fp8: bool
+    memory_bandwidth_gbps: Optional[float]
+    source: str
+    #: True when memory_bytes is the marketed size, not a figure a real device reported.
+    memory_estimated: bool = False
+    note: str = ""
+
+
+# --------------------------------------------------------------------------- data
+def _read_yaml(name: str) -> Any:
+    text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+@functools.cache
+def _model_index() -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, list[str]]]:
+    """(entries by canonical id, lowercased id/alias -> id, lowercased short name -> ids)."""
+    data = _read_yaml("models.yaml") or {}
+    entries: dict[str, dict[str, Any]] = dict(data.get("models") or {})
+    by_name: dict[str, str] = {}
+    by_short: dict[str, list[str]] = {}
+    for model_id, entry in entries.items():
+        for name in [model_id, *(entry.get("aliases") or [])]:
+            key = str(name).strip().lower()
+            if key in by_name and by_name[key] != model_id:
+                raise ValueError(f"models.yaml: {name!r} names both {by_name[key]} and {model_id}")
+            by_name[key] = model_id
+            short = key.rsplit("/", 1)[-1]
+            ids = by_short.setdefault(short, [])
+            if model_id not in ids:
+                ids.append(model_id)
+    return entries, by_name, by_short
+
+
+def _canonical_model_id(name: str) -> Optional[str]:
+    _, by_name, by_short = _model_index()
+    key = name.strip().rstrip("/").lower()
+    if key in by_name:
+        return by_name[key]
+    if "/" not in key:
+        ids = by_short.get(key, [])
+        if len(ids) == 1:
+            return ids[0]
+    return None
+
+
+def _entry_architecture(entry: dict[str, Any]) -> ModelArchitecture:
+    return ModelArchitecture.model_validate({k: entry[k] for k in ARCH_FIELDS if entry.get(k) is not None})
+
+
+def known_models() -> list[str]:
+    """Hugging Face ids of every model in the built-in catalog."""
+    return sorted(_model_index()[0])
+
+
+def lookup_model(name: str) -> Optional[ModelArchitecture]:
+    """The catalog's architecture for a model id or alias (case-insensitive).
+
+    A bare name without an organisation ("Llama-3.1-8B-Instruct") matches when exactly
+    one catalog model has that name.
+    """
+    model_id = _canonical_model_id(name)
+    if model_id is None:
+        return None
+    return _entry_architecture(_model_index()[0][model_id])
+
+
+def _catalog_source(name: str) -> Optional[str]:
+    model_id = _canonical_model_id(name)
+    if model_id is None:
+        return None
+    return str(_model_index()[0][model_id].get("source") or model_id)
+
+
+# --------------------------------------------------------------------------- config.json
+def _first(config: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        value = config.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def _positive_int(value: Any) -> Optional[int]:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and value > 0:
+        return value
+    return None
+
+
+_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+           "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
+
+
+def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
+    """Read a Hugging Face config.json into a (partial) ModelArchitecture.
+
+    Multimodal configs that nest the language model (``text_config``, as Gemma 3 and
+    Mistral 3 do) are read from the nested part. Where config.json omits
+    ``num_key_value_heads`` or ``head_dim``, the transformers defaults apply (all heads;
+    hidden_size / num_attention_heads). ``parameter_count`` is never in config.json.
+    """
+    if not isinstance(config, dict):
+        raise ValueError("config.json must be a JSON object")
+    cfg = dict(config)
+    for nested in ("text_config", "language_config", "llm_config"):
+        inner = config.get(nested)
+        if isinstance(inner, dict):
+            cfg.update({k: v for k, v in inner.items() if v is not None})
+            break
+
+    num_layers = _positive_int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers"))
+    heads = _positive_int(_first(cfg, "num_attention_heads", "n_head", "n_heads"))
+    hidden = _positive_int(_first(cfg, "hidden_size", "n_embd", "d_model"))
+    kv_heads = _positive_int(_first(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv"))
+    if kv_heads is None and heads is not None:
+        kv_heads = heads
+    head_dim = _positive_int(cfg.get("head_dim"))
+    if head_dim is None and hidden and heads and hidden % heads == 0:
+        head_dim = hidden // heads
+    experts = _positive_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts"))
+    if experts is not None and experts < 2:
+        experts = None
+    intermediate = _positive_int(_first(cfg, "intermediate_size", "n_inner", "ffn_hidden_size"))
+    moe_intermediate = _positive_int(cfg.get("moe_intermediate_size"))
+    if experts is not None and moe_intermediate is not None:
+        intermediate = moe_intermediate  # per-expert width: what the parameter estimate multiplies
+    dtype_raw = _first(cfg, "torch_dtype", "dtype")
+    dtype = _DTYPES.get(str(dtype_raw).lower()) if dtype_raw is not None else None
+    tie = cfg.get("tie_word_embeddings")
+
+    fields: dict[str, Any] = {
+        "num_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "vocab_size": _positive_int(cfg.get("vocab_size")),
+        "max_position_embeddings": _positive_int(
+            _first(cfg, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+        ),
+        "num_experts": experts,
+        "tie_word_embeddings": tie if isinstance(tie, bool) else None,
+        "torch_dtype": dtype,
+    }
+    return ModelArchitecture.model_validate({k: v for k, v in fields.items() if v is not None})
+
+
+def fetch_config(url_or_path: str, *, timeout: float = 5.0) -> dict[str, Any]:
+    """Load a config.json from an http(s) URL, a file, or a directory holding config.json."""
+    target = url_or_path.strip()
+    scheme = urllib.parse.urlparse(target).scheme.lower()
+    if scheme in ("http", "https"):
+        request = urllib.request.Request(
+            target, headers={"Accept": "application/json", "User-Agent": "vllm-operator"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+                raw = response.read(_MAX_CONFIG_BYTES + 1)
+        except urllib.error.HTTPError as err:
+            raise ValueError(f"could not fetch config.json from {target}: HTTP {err.code} {err.reason}") from err
+        except (urllib.error.URLError, socket.timeout, TimeoutError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise ValueError(f"could not fetch config.json from {target}: {reason}") from err
+        where = target
+    else:
+        path = target[len("file://"):] if scheme == "file" else target
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read(_MAX_CONFIG_BYTES + 1)
+        except OSError as err:
+            raise ValueError(f"could not read config.json at {path}: {err.strerror or err}") from err
+        where = path
+    if len(raw) > _MAX_CONFIG_BYTES:
+        raise ValueError(f"config.json at {where} is larger than {_MAX_CONFIG_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"config.json at {where} is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"config.json at {where} is not a JSON object")
+    return data
+
+
+def hf_config_url(model_name: str, revision: Optional[str], endpoint: str) -> str:
+    """The URL of a model's config.json on a Hugging Face compatible endpoint."""
+    rev = urllib.parse.quote(revision or "main", safe="")
+    return f"{endpoint.rstrip('/')}/{model_name.strip('/')}/resolve/{rev}/config.json"
+
+
+# --------------------------------------------------------------------------- estimates
+def estimate_parameter_count(
+    *,
+    num_layers: int,
+    num_attention_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    hidden_size: int,
+    intermediate_size: int,
+    vocab_size: int,
+    num_experts: Optional[int] = None,
+    tie_word_embeddings: Optional[bool] = None,
+) -> int:
+    """Parameters of a gated-MLP decoder from its shapes (biases, routers and vision towers ignored).
+
+    Embeddings (doubled unless tied) + per layer: q and o projections, k and v projections,
+    three MLP matrices per expert, two norms; plus the final norm.
+    """
+    embeddings = vocab_size * hidden_size * (1 if tie_word_embeddings else 2)
+    attention = 2 * hidden_size * num_attention_heads * head_dim + 2 * hidden_size * num_kv_heads * head_dim
+    mlp = 3 * hidden_size * intermediate_size * (num_experts or 1)
+    return embeddings + num_layers * (attention + mlp + 2 * hidden_size) + hidden_size
+
+
+def _estimate(fields: dict[str, Any]) -> int:
+    return estimate_parameter_count(**{
+        k: fields.get(k) for k in (
+            "num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
+            "intermediate_size", "vocab_size", "num_experts", "tie_word_embeddings",
+        )
+    })
+
+
+# --------------------------------------------------------------------------- resolve
+def _given(arch: Optional[ModelArchitecture]) -> dict[str, Any]:
+    if arch is None:
+        return {}
+    return {k: getattr(arch, k) for k in ARCH_FIELDS if getattr(arch, k) is not None}
+
+
+def resolve_model(
+    model: ModelSpec,
+    *,
+    hf_endpoint: Optional[str] = None,
+    fetch: Callable[[str], dict[str, Any]] = fetch_config,
+) -> ResolvedModel:
+    """Combine catalog, config.json and spec into a complete architecture.
+
+    Precedence, lowest to highest: the catalog entry; the config.json (from
+    ``spec.model.configURL``, from the model directory when ``name`` is a local
+    directory, or from ``hf_endpoint`` when the model is not in the catalog); each
+    field given under ``spec.model.architecture``. Then the derivable fields are filled
+    and listed in ``estimated``. Raises UnknownModelError when the result is still too
+    incomplete to plan with, and ValueError when an explicitly requested config.json
+    cannot be read.
+    """
+    fields: dict[str, Any] = {}
+    sources: list[str] = []  # lowest precedence first
+    fetch_problem = ""
+
+    catalog = lookup_model(model.name)
+    if catalog is not None:
+        fields.update(_given(catalog))
+        sources.append(f"catalog ({_catalog_source(model.name)})")
+
+    config_location: Optional[str] = None
+    explicit = True
+    if model.config_url:
+        config_location = model.config_url
+    elif os.path.isdir(model.name):
+        config_location = model.name
+    elif hf_endpoint and catalog is None:
+        config_location = hf_config_url(model.name, model.revision, hf_endpoint)
+        explicit = False
+    if config_location is not None:
+        try:
+            from_config = _given(architecture_from_config(fetch(config_location)))
+        except ValueError as err:
+            if explicit:
+                raise
+            fetch_problem = str(err)
+        else:
+            fields.update(from_config)
+            sources.append(f"config.json ({config_location})")
+
+    spec_fields = _given(model.architecture)
+    if spec_fields:
+        fields.update(spec_fields)
+        sources.append("spec")
+
+    estimated: list[str] = []
+    heads = fields.get("num_attention_heads")
+    if heads and not fields.get("num_kv_heads"):
+        fields["num_kv_heads"] = heads
+        estimated.append("num_kv_heads")
+    if heads and fields.get("hidden_size") and not fields.get("head_dim") and fields["hidden_size"] % heads == 0:
+        fields["head_dim"] = fields["hidden_size"] // heads
+        estimated.append("head_dim")
+    if heads and fields.get("head_dim") and not fields.get("hidden_size"):
+        fields["hidden_size"] = heads * fields["head_dim"]
+        estimated.append("hidden_size")
+
+    missing = [CAMEL[k] for k in ("num_layers", "num_attention_heads", "hidden_size", "max_position_embeddings")
+               if not fields.get(k)]
+    if heads and fields.get("hidden_size") and not fields.get("head_dim"):
+        missing.append(CAMEL["head_dim"])  # hidden_size is not a multiple of the head count
+    if not fields.get("vocab_size") and (fields.get("parameter_count") or fields.get("intermediate_size")):
+        missing.append(CAMEL["vocab_size"])
+    elif not fields.get("parameter_count") and not (fields.get("vocab_size") and fields.get("intermediate_size")):
+        absent = [CAMEL[k] for k in ("vocab_size", "intermediate_size") if not fields.get(k)]
+        missing.append(f"{' and '.join(absent)} (or {CAMEL['parameter_count']})")
+    if missing:
+        if "num_kv_heads" in estimated or not heads:
+            missing.append(f"{CAMEL['num_kv_heads']} (optional; defaults to {CAMEL['num_attention_heads']})")
+        raise UnknownModelError(model.name, missing, fetch_problem)
+
+    if not fields.get("parameter_count"):
+        fields["parameter_count"] = _estimate(fields)
+        estimated.append("parameter_count")
+    elif not fields.get("intermediate_size"):
+        # Back-solve the MLP width from the parameter count (used for activation estimates only).
+        without_mlp = _estimate({**fields, "intermediate_size": 0})
+        per_unit = 3 * fields["hidden_size"] * fields["num_layers"] * (fields.get("num_experts") or 1)
+        width = (fields["parameter_count"] - without_mlp) // per_unit
+        if width < 1:
+            raise UnknownModelError(model.name, [CAMEL["intermediate_size"]],
+                                    "parameterCount is too small for the other shapes")
+        fields["intermediate_size"] = width
+        estimated.append("intermediate_size")
+    if not fields.get("torch_dtype"):
+        fields["torch_dtype"] = "bfloat16"
+        estimated.append("torch_dtype")
+
+    if not sources:
+        source = "spec"
+    elif sources[-1] == "spec" and len(sources) > 1:
+        source = "spec over " + " over ".join(reversed(sources[:-1]))
+    else:
+        source = " over ".join(reversed(sources))
+    return ResolvedModel(
+        architecture=ModelArchitecture.model_validate(fields),
+        source=source,
+        estimated=tuple(estimated),
+    )
+
+
+# --------------------------------------------------------------------------- GPUs
+_GPU_PREFIXES = ("nvidia-", "tesla-", "geforce-")
+
+
+def _gpu_key(product: str) -> str:
+    key = "-".join(product.strip().lower().replace("_", " ").split())
+    if key.endswith("-shared"):  # GFD's renamed resource under time-slicing
+        key = key[: -len("-shared")]
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in _GPU_PREFIXES:
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+                stripped = True
+    return key
+
+
+@functools.cache
+def _gpu_index() -> tuple[tuple[GPUInfo, ...], dict[str, GPUInfo]]:
+    data = _read_yaml("gpus.yaml") or {}
+    gpus: list[GPUInfo] = []
+    index: dict[str, GPUInfo] = {}
+    for entry in data.get("gpus") or []:
+        cc = str(entry["compute_capability"])
+        major, minor = (int(part) for part in cc.split("."))
+        memory = entry.get("memory_bytes") or int(entry["memory_mib"]) * 2**20
+        info = GPUInfo(
+            product=entry["product"],
+            memory_bytes=int(memory),
+            compute_capability=cc,
+            supports_fp8=bool(entry.get("supports_fp8", (major, minor) >= (8, 9))),
+            memory_bandwidth_gbps=(float(entry["memory_bandwidth_gbps"])
+                                   if entry.get("memory_bandwidth_gbps") is not None else None),
+            source=str(entry["source"]),
+            memory_estimated=bool(entry.get("memory_estimated", False)),
+            note=str(entry.get("note") or "").strip(),
+        )
+        gpus.append(info)
+        for name in [info.product, *(entry.get("aliases") or [])]:
+            key = _gpu_key(str(name))
+            if key in index and index[key] is not info:
+                raise ValueError(f"gpus.yaml: {name!r} names both {index[key].product} and {info.product}")
+            index[key] = info
+    return tuple(gpus), index
+
+
+def lookup_gpu(product: str) -> Optional[GPUInfo]:
+    """The catalog entry for a GPU product label (nvidia.com/gpu.product), or None.
+
+    Case-insensitive; spaces and dashes are interchangeable; "NVIDIA-", "Tesla-" and
+    "GeForce-" prefixes and GFD's "-SHARED" suffix are ignored. MIG slices are not GPUs
+    here and return None.
+    """
+    if not product or not product.strip():
+        return None
+    return _gpu_index()[1].get(_gpu_key(product))
+
+
+def known_gpus() -> list[GPUInfo]:
+    """Every GPU in the built-in catalog."""
+    return list(_gpu_index()[0])

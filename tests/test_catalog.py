@@ -1,0 +1,425 @@
+"""The catalog: built-in model/GPU data, config.json reading, and resolution precedence."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from importlib import resources
+
+from vllm_operator.api import ModelSpec
+from vllm_operator.catalog import (
+    GPUInfo,
+    ResolvedModel,
+    UnknownModelError,
+    architecture_from_config,
+    estimate_parameter_count,
+    fetch_config,
+    hf_config_url,
+    known_gpus,
+    known_models,
+    lookup_gpu,
+    lookup_model,
+    resolve_model,
+)
+
+REQUIRED = (
+    "num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
+    "intermediate_size", "vocab_size", "max_position_embeddings", "parameter_count",
+)
+#: Models whose parameter count legitimately exceeds the text-only shape estimate.
+MULTIMODAL = {
+    "google/gemma-3-4b-it": "SigLIP vision tower (~417M) + projector counted in the checkpoint",
+    "google/gemma-3-12b-it": "SigLIP vision tower (~417M) + projector counted in the checkpoint",
+    "google/gemma-3-27b-it": "SigLIP vision tower (~417M) + projector counted in the checkpoint",
+}
+RAW_MODELS = yaml.safe_load(resources.files("vllm_operator.catalog").joinpath("models.yaml").read_text())["models"]
+RAW_GPUS = yaml.safe_load(resources.files("vllm_operator.catalog").joinpath("gpus.yaml").read_text())["gpus"]
+
+
+# --------------------------------------------------------------------------- data
+def test_catalog_sizes():
+    assert len(known_models()) >= 30
+    assert len(known_gpus()) >= 18
+
+
+@pytest.mark.parametrize("model_id", sorted(RAW_MODELS))
+def test_every_model_is_complete_and_consistent(model_id):
+    arch = lookup_model(model_id)
+    assert arch is not None
+    for field in REQUIRED:
+        value = getattr(arch, field)
+        assert isinstance(value, int) and value > 0, f"{model_id}: {field}={value!r}"
+    assert arch.num_attention_heads % arch.num_kv_heads == 0
+    assert arch.tie_word_embeddings is not None
+    assert arch.torch_dtype in ("bfloat16", "float16", "float32")
+    assert RAW_MODELS[model_id]["source"].startswith("https://huggingface.co/")
+    estimate = estimate_parameter_count(**{
+        k: getattr(arch, k) for k in (
+            "num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
+            "intermediate_size", "vocab_size", "num_experts", "tie_word_embeddings",
+        )
+    })
+    error = abs(arch.parameter_count - estimate) / estimate
+    limit = 0.15
+    assert error <= limit, f"{model_id}: {arch.parameter_count:,} vs shape estimate {estimate:,} ({error:.1%})"
+    if model_id not in MULTIMODAL:
+        assert error <= 0.01, f"{model_id}: dense text model should match its shapes within 1% ({error:.2%})"
+
+
+def test_known_exact_parameter_counts():
+    assert lookup_model("meta-llama/Llama-3.1-8B-Instruct").parameter_count == 8_030_261_248
+    assert lookup_model("google/gemma-3-4b-it").parameter_count == 4_300_079_472
+    assert lookup_model("Qwen/Qwen2.5-7B-Instruct").parameter_count == 7_615_616_512
+
+
+def test_shapes_that_are_not_hidden_over_heads():
+    assert lookup_model("mistralai/Mistral-Small-24B-Instruct-2501").head_dim == 128
+    assert lookup_model("Qwen/Qwen3-4B").head_dim == 128
+    assert lookup_model("google/gemma-2-9b-it").head_dim == 256
+    assert lookup_model("google/gemma-3-4b-it").head_dim == 256
+    assert lookup_model("mistralai/Mixtral-8x7B-Instruct-v0.1").num_experts == 8
+
+
+@pytest.mark.parametrize("gpu", known_gpus(), ids=lambda g: g.product)
+def test_every_gpu_has_memory_source_and_capability(gpu: GPUInfo):
+    assert gpu.memory_bytes >= 4 * 2**30
+    assert gpu.source.startswith("https://")
+    major, minor = (int(x) for x in gpu.compute_capability.split("."))
+    assert gpu.supports_fp8 == ((major, minor) >= (8, 9))
+    assert gpu.memory_bandwidth_gbps and gpu.memory_bandwidth_gbps > 0
+    assert lookup_gpu(gpu.product) is gpu
+
+
+@pytest.mark.parametrize("entry", RAW_GPUS, ids=lambda e: e["product"])
+def test_gpu_memory_is_evidenced_or_flagged(entry):
+    # A figure from a real device log says where; anything else is flagged as estimated or explained.
+    assert entry.get("memory_evidence") or entry.get("memory_estimated") or entry.get("note")
+    if entry.get("nvidia_smi_mib"):
+        assert entry["memory_mib"] <= entry["nvidia_smi_mib"]
+
+
+# --------------------------------------------------------------------------- lookups
+@pytest.mark.parametrize("name, expected", [
+    ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("META-LLAMA/llama-3.1-8b-instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("qwen3-8b", "Qwen/Qwen3-8B"),
+    ("google/gemma-3-27b-it/", "google/gemma-3-27b-it"),
+])
+def test_lookup_model_by_id_alias_and_case(name, expected):
+    assert lookup_model(name) == lookup_model(expected) is not None
+
+
+def test_lookup_model_unknown_and_other_org():
+    assert lookup_model("acme/never-heard-of-it") is None
+    assert lookup_model("someone-else/Llama-3.1-8B-Instruct") is None  # only bare names match by short name
+
+
+@pytest.mark.parametrize("label, product, gib", [
+    ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB", 79.15),
+    ("Tesla-T4", "Tesla-T4", 14.73),
+    ("NVIDIA-L4", "NVIDIA-L4", 22.49),
+    ("nvidia-l4", "NVIDIA-L4", 22.49),
+    ("NVIDIA-L4-SHARED", "NVIDIA-L4", 22.49),
+    ("NVIDIA-GeForce-RTX-3090", "NVIDIA-GeForce-RTX-3090", 23.56),
+    ("NVIDIA GeForce RTX 3090", "NVIDIA-GeForce-RTX-3090", 23.56),
+    ("RTX-3090", "NVIDIA-GeForce-RTX-3090", 23.56),
+    ("NVIDIA-RTX-A2000-12GB", "NVIDIA-RTX-A2000-12GB", 12.0),
+    ("NVIDIA-RTX-A2000", "NVIDIA-RTX-A2000", 6.0),
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3", 79.18),
+    ("NVIDIA-A10G", "NVIDIA-A10G", 22.06),
+    ("NVIDIA-A10", "NVIDIA-A10", 22.18),
+    ("NVIDIA-L40S", "NVIDIA-L40S", 44.52),
+])
+def test_lookup_gpu_by_gfd_label(label, product, gib):
+    gpu = lookup_gpu(label)
+    assert gpu is not None and gpu.product == product
+    assert gpu.memory_bytes / 2**30 == pytest.approx(gib, abs=0.01)
+
+
+def test_lookup_gpu_unknown_and_mig():
+    assert lookup_gpu("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb") is None
+    assert lookup_gpu("AMD-MI300X") is None
+    assert lookup_gpu("") is None
+
+
+def test_fp8_support_follows_architecture():
+    assert lookup_gpu("NVIDIA-L4").supports_fp8
+    assert lookup_gpu("NVIDIA-H100-80GB-HBM3").supports_fp8
+    assert not lookup_gpu("NVIDIA-A100-SXM4-80GB").supports_fp8
+    assert not lookup_gpu("Tesla-T4").supports_fp8
+
+
+# --------------------------------------------------------------------------- config.json
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 131072, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "rope_type": "llama3",
+    "original_max_position_embeddings": 8192}, "rope_theta": 500000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 128256,
+}
+GEMMA_3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+    "mm_tokens_per_image": 256, "torch_dtype": "bfloat16",
+    "text_config": {
+        "head_dim": 256, "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+        "num_attention_heads": 8, "num_hidden_layers": 34, "num_key_value_heads": 4,
+        "query_pre_attn_scalar": 256, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                      "num_hidden_layers": 27, "patch_size": 14},
+}
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "head_dim": 128, "hidden_size": 4096,
+    "intermediate_size": 12288, "max_position_embeddings": 40960, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 151936,
+}
+
+
+def test_architecture_from_llama_config():
+    arch = architecture_from_config(LLAMA_31_8B)
+    assert (arch.num_layers, arch.num_attention_heads, arch.num_kv_heads, arch.head_dim) == (32, 32, 8, 128)
+    assert (arch.hidden_size, arch.intermediate_size, arch.vocab_size) == (4096, 14336, 128256)
+    assert arch.max_position_embeddings == 131072
+    assert arch.tie_word_embeddings is False and arch.torch_dtype == "bfloat16"
+    assert arch.parameter_count is None and arch.num_experts is None
+
+
+def test_architecture_from_gemma3_text_config():
+    arch = architecture_from_config(GEMMA_3_4B)
+    assert (arch.num_layers, arch.num_attention_heads, arch.num_kv_heads, arch.head_dim) == (34, 8, 4, 256)
+    assert arch.hidden_size == 2560 and arch.intermediate_size == 10240
+    assert arch.torch_dtype == "bfloat16"  # from the top level
+    # the text_config above omits what the transformers defaults fill; none is invented here
+    assert arch.vocab_size is None and arch.max_position_embeddings is None
+
+
+def test_architecture_from_qwen3_config_keeps_explicit_head_dim():
+    arch = architecture_from_config(QWEN3_8B)
+    assert arch.head_dim == 128 and arch.hidden_size == 4096 and arch.max_position_embeddings == 40960
+
+
+def test_architecture_from_config_defaults_and_moe():
+    old_style = {"hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 24,
+                 "max_position_embeddings": 2048, "dtype": "float16"}
+    arch = architecture_from_config(old_style)
+    assert arch.num_kv_heads == 16 and arch.head_dim == 128 and arch.torch_dtype == "float16"
+    mixtral = {**LLAMA_31_8B, "num_local_experts": 8, "vocab_size": 32000}
+    assert architecture_from_config(mixtral).num_experts == 8
+    qwen_moe = {**QWEN3_8B, "num_experts": 128, "moe_intermediate_size": 768, "intermediate_size": 6144}
+    arch = architecture_from_config(qwen_moe)
+    assert arch.num_experts == 128 and arch.intermediate_size == 768
+    with pytest.raises(ValueError):
+        architecture_from_config(["not", "an", "object"])
+
+
+def test_hf_config_url():
+    assert hf_config_url("org/model", None, "https://huggingface.co") == \
+        "https://huggingface.co/org/model/resolve/main/config.json"
+    assert hf_config_url("org/model", "v1.0", "http://mirror:8080/") == \
+        "http://mirror:8080/org/model/resolve/v1.0/config.json"
+
+
+# --------------------------------------------------------------------------- resolve
+def spec(name: str, **kwargs) -> ModelSpec:
+    return ModelSpec.model_validate({"name": name, **kwargs})
+
+
+def test_resolve_catalog_model():
+    resolved = resolve_model(spec("meta-llama/Llama-3.1-8B-Instruct"))
+    assert isinstance(resolved, ResolvedModel)
+    assert resolved.architecture.parameter_count == 8_030_261_248
+    assert resolved.source.startswith("catalog (https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct")
+    assert resolved.estimated == ()
+
+
+def test_resolve_spec_field_wins_over_catalog():
+    resolved = resolve_model(spec("meta-llama/Llama-3.1-8B-Instruct",
+                                  architecture={"maxPositionEmbeddings": 8192, "numKVHeads": 4}))
+    assert resolved.architecture.max_position_embeddings == 8192
+    assert resolved.architecture.num_kv_heads == 4
+    assert resolved.architecture.num_layers == 32  # untouched fields still come from the catalog
+    assert resolved.source.startswith("spec over catalog (")
+
+
+def test_resolve_config_url_wins_over_catalog():
+    seen = []
+
+    def fake_fetch(url):
+        seen.append(url)
+        return {**LLAMA_31_8B, "max_position_embeddings": 65536}
+
+    resolved = resolve_model(spec("meta-llama/Llama-3.1-8B-Instruct", configURL="https://example.test/config.json"),
+                             fetch=fake_fetch)
+    assert seen == ["https://example.test/config.json"]
+    assert resolved.architecture.max_position_embeddings == 65536
+    assert resolved.architecture.parameter_count == 8_030_261_248  # not in config.json: catalog's stays
+    assert resolved.source == "config.json (https://example.test/config.json) over catalog (" \
+        "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/blob/main/config.json)"
+
+
+def test_resolve_config_url_failure_is_an_error():
+    def failing(url):
+        raise ValueError(f"could not fetch config.json from {url}: HTTP 404 Not Found")
+
+    with pytest.raises(ValueError, match="HTTP 404"):
+        resolve_model(spec("acme/x", configURL="https://example.test/x.json"), fetch=failing)
+
+
+def test_resolve_local_directory(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    resolved = resolve_model(spec(str(tmp_path)))
+    assert resolved.architecture.head_dim == 128
+    assert resolved.source == f"config.json ({tmp_path})"
+    assert resolved.estimated == ("parameter_count",)
+    assert resolved.architecture.parameter_count == pytest.approx(8_190_735_360, rel=0.001)
+
+
+def test_resolve_spec_only_fills_and_reports_estimates():
+    resolved = resolve_model(spec("acme/custom-7b", architecture={
+        "numLayers": 32, "numAttentionHeads": 32, "hiddenSize": 4096, "intermediateSize": 11008,
+        "vocabSize": 32000, "maxPositionEmbeddings": 4096,
+    }))
+    arch = resolved.architecture
+    assert resolved.source == "spec"
+    assert arch.num_kv_heads == 32 and arch.head_dim == 128 and arch.torch_dtype == "bfloat16"
+    assert set(resolved.estimated) == {"num_kv_heads", "head_dim", "parameter_count", "torch_dtype"}
+    assert arch.parameter_count == pytest.approx(6_738_415_616, rel=0.001)  # Llama-2-7B's published count
+
+
+def test_resolve_back_solves_intermediate_from_parameter_count():
+    resolved = resolve_model(spec("acme/custom", architecture={
+        "numLayers": 32, "numAttentionHeads": 32, "numKVHeads": 8, "hiddenSize": 4096,
+        "vocabSize": 128256, "maxPositionEmbeddings": 8192, "parameterCount": 8_030_261_248,
+    }))
+    assert resolved.architecture.intermediate_size == 14336
+    assert "intermediate_size" in resolved.estimated
+
+
+def test_unknown_model_names_missing_camel_case_fields():
+    with pytest.raises(UnknownModelError) as info:
+        resolve_model(spec("acme/mystery-13b"))
+    message = str(info.value)
+    assert "acme/mystery-13b" in message
+    for name in ("numLayers", "numAttentionHeads", "hiddenSize", "maxPositionEmbeddings",
+                 "parameterCount", "numKVHeads", "spec.model.architecture", "spec.model.configURL"):
+        assert name in message
+    assert isinstance(info.value, ValueError)
+
+
+def test_unknown_model_partial_spec_lists_only_what_is_missing():
+    with pytest.raises(UnknownModelError) as info:
+        resolve_model(spec("acme/partial", architecture={"numLayers": 40, "numAttentionHeads": 40,
+                                                         "numKVHeads": 8, "hiddenSize": 5120}))
+    assert info.value.missing[0] == "maxPositionEmbeddings"
+    assert "numLayers" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- real HTTP
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+
+@pytest.fixture
+def hub(tmp_path: Path):
+    """A local Hugging Face-shaped endpoint: ORG/MODEL/resolve/REV/config.json under a directory."""
+    model_dir = tmp_path / "acme" / "tiny-llama" / "resolve" / "main"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text(json.dumps({**LLAMA_31_8B, "num_hidden_layers": 2}))
+    broken = tmp_path / "acme" / "broken" / "resolve" / "main"
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text("{ not json")
+    handler = functools.partial(_QuietHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_resolve_through_hf_endpoint(hub):
+    resolved = resolve_model(spec("acme/tiny-llama"), hf_endpoint=hub)
+    assert resolved.architecture.num_layers == 2
+    assert resolved.architecture.num_kv_heads == 8
+    assert resolved.source == f"config.json ({hub}/acme/tiny-llama/resolve/main/config.json)"
+    assert resolved.estimated == ("parameter_count",)
+
+
+def test_hf_endpoint_not_used_for_catalog_models(hub):
+    resolved = resolve_model(spec("meta-llama/Llama-3.1-8B-Instruct"), hf_endpoint=hub)
+    assert resolved.source.startswith("catalog (")
+
+
+def test_fetch_404_names_the_url(hub):
+    url = f"{hub}/acme/missing/resolve/main/config.json"
+    with pytest.raises(ValueError, match="404") as info:
+        fetch_config(url)
+    assert url in str(info.value)
+
+
+def test_fetch_invalid_json_names_the_url(hub):
+    url = f"{hub}/acme/broken/resolve/main/config.json"
+    with pytest.raises(ValueError, match="not valid JSON") as info:
+        fetch_config(url)
+    assert url in str(info.value)
+
+
+def test_fetch_unreachable_endpoint_is_a_clear_error():
+    with pytest.raises(ValueError, match="could not fetch config.json from http://127.0.0.1:9/"):
+        fetch_config("http://127.0.0.1:9/config.json", timeout=2)
+
+
+def test_hf_endpoint_failure_becomes_unknown_model_error(hub):
+    with pytest.raises(UnknownModelError) as info:
+        resolve_model(spec("acme/missing"), hf_endpoint=hub)
+    assert "404" in str(info.value) and "numLayers" in str(info.value)
+
+
+def test_hf_endpoint_failure_is_harmless_when_spec_is_complete(hub):
+    resolved = resolve_model(spec("acme/missing", architecture={
+        "numLayers": 2, "numAttentionHeads": 4, "hiddenSize": 256, "intermediateSize": 512,
+        "vocabSize": 1000, "maxPositionEmbeddings": 512,
+    }), hf_endpoint=hub)
+    assert resolved.source == "spec"
+
+
+def test_fetch_local_file_and_directory(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    assert fetch_config(str(tmp_path)) == QWEN3_8B
+    assert fetch_config(str(tmp_path / "config.json")) == QWEN3_8B
+    with pytest.raises(ValueError, match="could not read"):
+        fetch_config(str(tmp_path / "nope.json"))
+
+
+def test_no_network_at_import():
+    # In a fresh interpreter, so the module objects other tests hold stay the same.
+    code = (
+        "import socket\n"
+        "def forbidden(*a, **k):\n"
+        "    raise SystemExit('network access at import')\n"
+        "socket.socket.connect = forbidden\n"
+        "socket.create_connection = forbidden\n"
+        "import vllm_operator.catalog as c\n"
+        "assert c.known_models() and c.known_gpus()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr + result.stdout
