@@ -16,11 +16,11 @@ BAR_WIDTH = 60
 SEGMENTS = [  # (attribute or key, symbol, label)
     ("weights", "W", "weights"),
     ("activation", "A", "activation peak"),
-    ("non_torch", "O", "non-torch (CUDA ctx, NCCL)"),
+    ("non_torch", "O", "non-torch (cuBLAS, NCCL)"),
+    ("cuda_graphs", "G", "CUDA graphs"),
     ("kv_cache", "K", "KV cache"),
-    ("cuda_graphs", "G", "CUDA graphs (outside budget)"),
     ("reserved", "R", "reserved (gpu.reservedMemory)"),
-    ("unused", ".", "unused"),
+    ("unused", ".", "outside budget (CUDA ctx, free)"),
 ]
 
 

@@ -4,9 +4,12 @@ Pure: spec + resolved model + GPU facts in, a `Plan` out; no I/O. The memory mod
 mirrors how vLLM sizes its KV cache (vllm/v1/worker/gpu_worker.py,
 determine_available_memory): the budget is `gpu_memory_utilization x total memory`;
 from it come the weights, the activation peak of a profiling forward pass over
-`max_num_batched_tokens` tokens, and non-torch memory (CUDA context, NCCL); the rest
-is KV cache. CUDA graphs are captured after that, outside the budget, so the derived
-utilization leaves room for them. Every constant is in `ASSUMPTIONS`, with its source.
+`max_num_batched_tokens` tokens, non-torch memory (cuBLAS, NCCL) and, since vLLM 0.21,
+the CUDA graphs it profiles before sizing the KV cache
+(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default); the rest is KV cache. vLLM
+refuses to start when the GPU's free memory, taken after its own CUDA context exists,
+is below the budget, so the derived utilization leaves that context, a margin and
+gpu.reservedMemory outside. Every constant is in `ASSUMPTIONS`, with its source.
 """
 
 from __future__ import annotations
@@ -37,7 +40,13 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
     ),
     "cuda_graph_per_gpu": (
         0.75 * GiB,
-        "CUDA graph pool per GPU, captured after KV allocation, outside the utilization budget",
+        "CUDA graph pool per GPU; vLLM >= 0.21 profiles it and takes it from the KV cache, inside the "
+        "utilization budget (gpu_worker.determine_available_memory, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)",
+    ),
+    "cuda_context": (
+        0.5 * GiB,
+        "vLLM's own CUDA context, already allocated when it compares free memory with the budget at start "
+        "(gpu_worker.init_device -> request_memory): it must fit outside the budget",
     ),
     "safety_margin": (0.25 * GiB, "slack per GPU between vLLM's budget and what the GPU has free"),
     "activation_hidden_factor": (
@@ -145,8 +154,8 @@ class Memory:
 
     @property
     def free_after(self) -> int:
-        """Memory outside vLLM's budget, after CUDA graphs and the reservation."""
-        return self.total - self.budget - self.cuda_graphs - self.reserved
+        """Memory outside vLLM's budget and the reservation (its CUDA context lives here)."""
+        return self.total - self.budget - self.reserved
 
 
 @dataclass
@@ -400,19 +409,20 @@ def plan(
     total = p.gpu_memory
     reserved = int(parse_quantity(spec.gpu.reserved_memory))
     graphs = 0 if e.enforce_eager else int(_a("cuda_graph_per_gpu"))
-    ceiling = (total - reserved - graphs - _a("safety_margin")) / total
+    outside = _a("cuda_context") + _a("safety_margin")
+    ceiling = (total - reserved - outside) / total
     if e.gpu_memory_utilization is not None:
         util = e.gpu_memory_utilization
         if util > ceiling + 1e-9:
             p.problem("spec.engine.gpuMemoryUtilization", f"{util} asks for {gib(util * total)} of a {gib(total)} GPU, "
-                      f"but reservedMemory ({gib(reserved)}), CUDA graphs ({gib(graphs)}) and a {gib(_a('safety_margin'))}"
-                      f" margin leave {gib(ceiling * total)}: vLLM would fail to start or run out of memory. "
-                      f"Use at most {math.floor(ceiling * 100) / 100:.2f}")
+                      f"but reservedMemory ({gib(reserved)}), vLLM's CUDA context ({gib(_a('cuda_context'))}) and a "
+                      f"{gib(_a('safety_margin'))} margin leave {gib(ceiling * total)}: vLLM would refuse to start "
+                      f"(free memory below the budget). Use at most {math.floor(ceiling * 100) / 100:.2f}")
         why = "pinned by engine.gpuMemoryUtilization"
     else:
         util = min(_a("default_utilization"), math.floor(ceiling * 100) / 100)
         why = (f"vLLM's default {_a('default_utilization')}" if util == _a("default_utilization") else
-               f"leaves {gib(reserved)} reserved + {gib(graphs)} CUDA graphs + {gib(_a('safety_margin'))} margin free")
+               f"leaves {gib(reserved)} reserved + {gib(outside)} for vLLM's CUDA context and a margin free")
     if util <= 0:
         p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM")
         return p
@@ -456,17 +466,16 @@ def plan(
     # ---- activation, overheads, KV
     activation = activation_bytes(arch, tp, batched, seqs, elem)
     non_torch = int(_a("non_torch_tp1") + (_a("nccl_per_gpu_tp") if tp > 1 else 0))
-    kv = budget - weights - activation - non_torch
+    kv = budget - weights - activation - non_torch - graphs
     p.memory = Memory(total=total, reserved=reserved, budget=budget, weights=weights, activation=activation,
                       non_torch=non_torch, kv_cache=max(kv, 0), cuda_graphs=graphs)
     kv_dtype = e.kv_cache_dtype or "auto"
     p.kv_bytes_per_token = kv_bytes_per_token(arch, tp, kv_dtype, elem)
     if kv <= 0:
-        need = weights + activation + non_torch
         options = [t for t in (2, 4, 8) if t > tp and arch.num_attention_heads % t == 0]
         hint = f"use more GPUs (gpu.count: {options[0]})" if options else "use a bigger GPU"
         p.problem("spec.gpu", f"the model does not fit: weights {gib(weights)} + activations {gib(activation)} + "
-                  f"overheads {gib(non_torch)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
+                  f"overheads {gib(non_torch + graphs)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
                   f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
         return p
     block = int(_a("block_size"))
