@@ -32,8 +32,8 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         merged = dict(options[0])
         merged.update(node)
         node = _resolve(merged, defs)
-    if node.get("default", 0) is None:
-        del node["default"]
+    if node.get("default", 0) is None or node.get("default", 0) == "":
+        del node["default"]  # Kubernetes 1.20 reads a "" default as null and refuses the CRD
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in ("title", "$defs"):
@@ -42,6 +42,10 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
             continue  # structural schemas prune unknown fields; false is not allowed
         if key == "enum":
             out["type"] = "string"
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):  # 2020-12 -> OAS 3.0
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+            continue
         if key == "const":  # Literal with one value
             out["type"] = "string"
             out["enum"] = [value]
