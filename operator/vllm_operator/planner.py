@@ -52,9 +52,15 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
     "activation_hidden_factor": (
         7,
         "activation peak per batched token = (2 x intermediate / TP + 7 x hidden) x dtype bytes; fitted to vLLM's "
-        "peak_torch_memory for Llama-3.1-8B at 20k and 29k batched tokens (vllm issue 10517), rounded up",
+        "peak_torch_memory for Llama-3.1-8B at 20k and 29k batched tokens (vllm issue 10517: 2.07 and 2.99 GiB "
+        "above the weights, i.e. ~6.4 x hidden), rounded up",
     ),
-    "logits_bytes": (4, "float32 logits of the sampler's dummy run: max_num_seqs x vocab x 4 bytes"),
+    "logits_bytes": (
+        12,
+        "bytes per logit of the sampler's dummy run over max_num_seqs rows x vocab (bf16 logits, their float32 copy, "
+        "probabilities); it runs after the forward pass has freed its activations, so the peak is the larger of the "
+        "two, not their sum (v1 gpu_model_runner.profile_run; the 10517 log shows no logits term at 20k/29k tokens)",
+    ),
     "context_headroom": (0.90, "derived --max-model-len stays within 90% of the estimated KV tokens"),
     "quant_overhead": (1.03, "scales and zero points of 4-bit group quantization (group size 128)"),
     "load_bandwidth": (200e6, "conservative bytes/s to download or read weights at start"),
@@ -263,11 +269,23 @@ def weight_bytes(arch: api.ModelArchitecture, quantization: str, elem_bytes: int
     return int((params - embed) * per * overhead + embed * elem_bytes)
 
 
+def rotary_cache_bytes(arch: api.ModelArchitecture, elem_bytes: int) -> int:
+    """The rotary embedding's cos/sin cache, max positions x head dim, on every GPU.
+
+    vLLM counts it with the weights: 131072 x 128 x 2 bytes = 0.031 GiB is exactly the gap between
+    Llama-3.1-8B's 8.03e9 x 2 bytes (14.957 GiB) and the 14.9888 GiB vLLM logged (vllm issue 10517).
+    """
+    return arch.max_position_embeddings * arch.head_dim * elem_bytes
+
+
 def activation_bytes(arch: api.ModelArchitecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int) -> int:
-    """Peak activation of vLLM's profiling run over `batched_tokens`, plus sampler logits."""
+    """Peak memory of vLLM's profiling run: the forward pass over `batched_tokens`, or the sampler's
+    dummy run over `max_num_seqs` logits rows that follows it (holding only the hidden states), whichever is larger."""
     per_token = (2 * arch.intermediate_size / tp + _a("activation_hidden_factor") * arch.hidden_size) * elem_bytes
-    logits = max_num_seqs * arch.vocab_size * _a("logits_bytes")
-    return int(batched_tokens * per_token + logits)
+    forward = batched_tokens * per_token
+    rows = min(max_num_seqs, batched_tokens)
+    sampler = rows * arch.vocab_size * _a("logits_bytes") + batched_tokens * arch.hidden_size * elem_bytes
+    return int(max(forward, sampler))
 
 
 def _divisors(n: int, limit: int = 64) -> list[int]:
@@ -433,7 +451,7 @@ def plan(
 
     # ---- weights
     p.weight_bytes_total = weight_bytes(arch, spec.model.quantization, elem)
-    weights = math.ceil(p.weight_bytes_total / tp)
+    weights = math.ceil(p.weight_bytes_total / tp) + rotary_cache_bytes(arch, elem)
 
     # ---- batch sizing (before activation: the profile run uses max_num_batched_tokens)
     big_gpu = total >= 70 * GiB and not (gpu and "A100" in gpu.product.upper())
@@ -472,8 +490,16 @@ def plan(
     kv_dtype = e.kv_cache_dtype or "auto"
     p.kv_bytes_per_token = kv_bytes_per_token(arch, tp, kv_dtype, elem)
     if kv <= 0:
-        options = [t for t in (2, 4, 8) if t > tp and arch.num_attention_heads % t == 0]
-        hint = f"use more GPUs (gpu.count: {options[0]})" if options else "use a bigger GPU"
+        hint = "use a bigger GPU"
+        for t in (2, 4, 8, 16, 32, 64):
+            if t <= tp or arch.num_attention_heads % t or (arch.num_kv_heads < t and t % arch.num_kv_heads):
+                continue
+            need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, elem)
+                    + activation_bytes(arch, t, batched, seqs, elem) + int(_a("non_torch_tp1") + _a("nccl_per_gpu_tp"))
+                    + graphs)
+            if need < budget:
+                hint = f"use more GPUs (gpu.count: {t} leaves room for the KV cache)"
+                break
         p.problem("spec.gpu", f"the model does not fit: weights {gib(weights)} + activations {gib(activation)} + "
                   f"overheads {gib(non_torch + graphs)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
                   f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
