@@ -227,7 +227,7 @@ class Plan:
         return {
             "args": list(self.args),
             "estimates": {k: v for k, v in self.estimates().items() if v is not None},
-            "notes": [f"{d.flag} {d.value}: {d.why}" for d in self.decisions] + list(self.notes),
+            "notes": [f"{d.flag} {d.value}".strip() + f": {d.why}" for d in self.decisions] + list(self.notes),
             "modelSource": self.model.source if self.model else None,
         }
 
@@ -339,8 +339,16 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
     return problems
 
 
+_NUMBER = re.compile(r"^-\.?[0-9]")
+
+
+def _is_value(token: str) -> bool:
+    """What argparse takes as an option's value: not a flag (negative numbers are values)."""
+    return not token.startswith("-") or bool(_NUMBER.match(token))
+
+
 def check_extra_args(extra: list[str]) -> list[Problem]:
-    """Refuse flags vLLM does not have and flags the operator derives."""
+    """Refuse flags vLLM does not have and flags the operator derives (one problem per flag)."""
     problems: list[Problem] = []
     known = vllm_flags.flags()
     i = 0
@@ -348,30 +356,51 @@ def check_extra_args(extra: list[str]) -> list[Problem]:
         token = extra[i]
         where = f"spec.engine.extraArgs[{i}]"
         i += 1
-        if not token.startswith("-"):
+        if _is_value(token):
             problems.append(Problem(where, f"{token!r} is not a flag; extraArgs holds flags and their values, "
                                     "like ['--seed', '1']"))
             continue
-        flag = token.split("=", 1)[0]
+        flag, eq, inline = token.partition("=")
+        if flag.startswith("-O") and not flag.startswith("--") and flag != "-O":  # -O3: --optimization-level 3
+            flag, eq, inline = "--optimization-level", "=", flag[2:].lstrip("=") or inline
         normal = vllm_flags.normalise(flag)
+        # --compilation-config.mode 3 sets one key of a JSON-valued flag (FlexibleArgumentParser).
+        dotted = normal.split(".", 1)[0].rstrip("+") if normal.startswith("--") and "." in normal else None
+        info = known.get(dotted or normal)
+        refusal = None
         if normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS:
-            problems.append(Problem(where, f"{flag} {KNOWN_BAD_FLAGS.get(normal) or KNOWN_BAD_FLAGS[flag]}"))
+            refusal = f"{flag} {KNOWN_BAD_FLAGS.get(normal) or KNOWN_BAD_FLAGS[flag]}"
+        elif normal in OWNED_FLAGS or flag in OWNED_FLAGS or (dotted and dotted in OWNED_FLAGS):
+            owner = OWNED_FLAGS.get(dotted or normal) or OWNED_FLAGS.get(flag)
+            refusal = f"{flag} is derived by the operator; set {owner} instead"
+        elif info is None:
+            refusal = f"vLLM {vllm_flags.VERSION} has no flag {flag}: the server would exit with code 2 and crash-loop"
+        if refusal:
+            problems.append(Problem(where, refusal))
+            # The refused flag's value goes with it; do not report it again as "not a flag".
+            if not eq and i < len(extra) and _is_value(extra[i]) and (info is None or info.takes_value):
+                i += 1
             continue
-        if normal in OWNED_FLAGS or flag in OWNED_FLAGS:
-            owner = OWNED_FLAGS.get(normal) or OWNED_FLAGS[flag]
-            problems.append(Problem(where, f"{flag} is derived by the operator; set {owner} instead"))
+        assert info is not None
+        if dotted:
+            if not eq:
+                if i < len(extra) and _is_value(extra[i]):
+                    i += 1
+                else:
+                    problems.append(Problem(where, f"{flag} needs a value"))
             continue
-        info = known.get(normal)
-        if info is None:
-            problems.append(Problem(where, f"vLLM {vllm_flags.VERSION} has no flag {flag}: the server would exit "
-                                    "with code 2 and crash-loop"))
+        if eq:
+            if not info.takes_value:
+                problems.append(Problem(where, f"{flag} takes no value; write {flag} alone"))
+            elif info.choices and inline not in info.choices:
+                problems.append(Problem(where, f"{flag} {inline!r} is not one of {', '.join(info.choices)}"))
             continue
-        if "=" not in token and info.takes_value and i < len(extra) and not extra[i].startswith("--"):
+        if info.takes_value and i < len(extra) and _is_value(extra[i]):
             value = extra[i]
             i += 1
             if info.choices and value not in info.choices:
                 problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))
-        elif "=" not in token and info.takes_value and info.nargs_required:
+        elif info.takes_value and info.nargs_required:
             problems.append(Problem(where, f"{flag} needs a value"))
     return problems
 
