@@ -117,6 +117,12 @@ KNOWN_BAD_FLAGS: dict[str, str] = {
     "--gpu-memory-utilization-gpu0": "does not exist; use engine.gpuMemoryUtilization (one value for all GPUs)",
 }
 
+#: spec.model.quantization values the API accepts but the pinned vLLM does not (ModelConfig refuses them at start).
+UNSUPPORTED_QUANTIZATION: dict[str, str] = {
+    "bitsandbytes": "bitsandbytes quantization was removed from vLLM; serve an AWQ, GPTQ or FP8 checkpoint instead",
+    "gguf": "GGUF is no longer a vLLM quantization method; serve the original or an AWQ/GPTQ/FP8 checkpoint",
+}
+
 _CREDENTIAL_VALUE = re.compile(r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|ghp_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})")
 _CREDENTIAL_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 #: Environment the operator sets; engine.env may not override it.
@@ -333,6 +339,10 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         elif _CREDENTIAL_VALUE.search(env.value) or (_CREDENTIAL_NAME.search(env.name) and env.value):
             add(where, f"{env.name} looks like a credential in plaintext; anyone who can read the VLLMServer can read "
                 "it. Put it in a Secret and reference it with spec.hfTokenSecretRef")
+    if spec.model.quantization in UNSUPPORTED_QUANTIZATION:
+        add("spec.model.quantization", f"vLLM {vllm_flags.VERSION} has no quantization method "
+            f"{spec.model.quantization!r} and would exit at start: "
+            f"{UNSUPPORTED_QUANTIZATION[spec.model.quantization]}")
     if "nvidia.com/gpu" in spec.resources.requests or "nvidia.com/gpu" in spec.resources.limits:
         add("spec.resources", "nvidia.com/gpu comes from spec.gpu.count; remove it from resources")
     problems.extend(check_extra_args(spec.engine.extra_args))
