@@ -7,7 +7,9 @@ fetch) and calls the pure planner.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -85,7 +87,8 @@ def load_documents(text: str) -> list[Document]:
         return [Document(0, "?", errors=[f"YAML error: {where}{problem}"])]
     docs = []
     for i, raw in enumerate(raw_docs):
-        name = raw.get("metadata", {}).get("name", f"document {i + 1}") if isinstance(raw, dict) else f"document {i + 1}"
+        meta = raw.get("metadata") if isinstance(raw, dict) else None
+        name = meta.get("name") or f"document {i + 1}" if isinstance(meta, dict) else f"document {i + 1}"
         if not isinstance(raw, dict):
             docs.append(Document(i, str(name), errors=["not a mapping: expected a VLLMServer object"]))
             continue
@@ -107,6 +110,29 @@ def parse_spec(spec: dict[str, Any]) -> tuple[Optional[api.VLLMServerSpec], list
         return None, format_validation_error(err, api.VLLMServerSpec, prefix="spec")
 
 
+#: Where a quantized checkpoint's name departs from its base model's: Qwen2.5-32B-Instruct-AWQ,
+#: Meta-Llama-3.1-8B-Instruct-AWQ-INT4, ...-GPTQ-Int8, ...-FP8-Dynamic, ...-bnb-4bit.
+_QUANTIZED_SUFFIX = re.compile(
+    r"[-_.](awq|gptq|fp8|int4|int8|w4a16|w8a8|w4a8|bnb|4bit|8bit|nf4|gguf)(?![a-z0-9]).*$", re.IGNORECASE
+)
+
+
+def quantized_base_name(name: str) -> Optional[str]:
+    """The catalog model a quantized checkpoint was made from, when its name says so.
+
+    Quantization changes the weights, not the architecture, so e.g. Qwen/Qwen2.5-32B-Instruct-AWQ
+    is planned with Qwen/Qwen2.5-32B-Instruct's shapes (and model.quantization sizes the weights).
+    """
+    match = _QUANTIZED_SUFFIX.search(name)
+    if match is None or match.start() == 0:
+        return None
+    base = name[: match.start()]
+    for candidate in (base, base.rsplit("/", 1)[-1]):  # another org re-publishes: try the bare name too
+        if catalog.lookup_model(candidate) is not None:
+            return candidate
+    return None
+
+
 def plan_server(
     name: str,
     namespace: str,
@@ -118,10 +144,29 @@ def plan_server(
 ) -> planner.Plan:
     """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan."""
     model_error = None
+    base = None
     try:
         model = catalog.resolve_model(spec.model, hf_endpoint=hf_endpoint, fetch=fetch)
-    except (catalog.UnknownModelError, ValueError) as exc:
+    except catalog.UnknownModelError as exc:
+        model, model_error = None, str(exc)
+        base = quantized_base_name(spec.model.name)
+        if base is not None:
+            try:
+                resolved = catalog.resolve_model(spec.model.model_copy(update={"name": base}),
+                                                 hf_endpoint=hf_endpoint, fetch=fetch)
+            except ValueError:
+                pass
+            else:
+                model, model_error = dataclasses.replace(
+                    resolved, source=f"{resolved.source}, base model of the quantized checkpoint {spec.model.name}"
+                ), None
+    except ValueError as exc:
         model, model_error = None, str(exc)
     gpu = catalog.lookup_gpu(spec.gpu.product) if spec.gpu.product else None
-    return planner.plan(name, namespace, spec, model, gpu, model_error=model_error,
+    plan = planner.plan(name, namespace, spec, model, gpu, model_error=model_error,
                         default_prometheus_url=default_prometheus_url)
+    if model is not None and base is not None and spec.model.quantization == "none":
+        plan.notes.append(f"{spec.model.name} looks like a quantized checkpoint of {base}, but model.quantization is "
+                          "none: its weights were sized as 16-bit; set model.quantization (e.g. awq_marlin) to size "
+                          "them right")
+    return plan
