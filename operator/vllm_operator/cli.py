@@ -109,6 +109,9 @@ def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[Plan], bool]:
     except OSError as exc:
         err.write(f"{args.file}: {exc.strerror or exc}\n")
         return [], False
+    except UnicodeDecodeError as exc:
+        err.write(f"{args.file}: not a UTF-8 text file (byte {exc.start}); expected YAML\n")
+        return [], False
     ok = True
     plans = []
     docs = pipeline.load_documents(text)
