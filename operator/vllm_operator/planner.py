@@ -298,6 +298,19 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
+def tp_shards_evenly(arch: api.ModelArchitecture, tp: int) -> bool:
+    """Whether vLLM can shard the model over `tp` GPUs: TP divides the attention heads, and the KV
+    heads split evenly (kv % tp) or are replicated evenly (tp % kv) (QKVParallelLinear's divide())."""
+    if arch.num_attention_heads % tp:
+        return False
+    kv = arch.num_kv_heads
+    return kv % tp == 0 if kv >= tp else tp % kv == 0
+
+
+def valid_tp_sizes(arch: api.ModelArchitecture, limit: int = 16) -> list[int]:
+    return [d for d in _divisors(arch.num_attention_heads, limit) if tp_shards_evenly(arch, d)]
+
+
 # --------------------------------------------------------------------------- validation
 def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None) -> list[Problem]:
     """Semantic checks the CRD schema cannot express. Pure."""
@@ -452,13 +465,13 @@ def plan(
     elem = dtype_bytes(spec, model)
 
     # ---- tensor parallelism
+    valid = ", ".join(str(d) for d in valid_tp_sizes(arch))
     if arch.num_attention_heads % tp:
-        valid = ", ".join(str(d) for d in _divisors(arch.num_attention_heads, 16))
         p.problem("spec.gpu.count", f"tensor parallelism over {tp} GPUs must divide the model's "
                   f"{arch.num_attention_heads} attention heads; use one of {valid}")
-    elif arch.num_kv_heads < tp and tp % arch.num_kv_heads:
-        p.problem("spec.gpu.count", f"{tp} GPUs cannot share the model's {arch.num_kv_heads} KV heads evenly; "
-                  f"use a multiple of {arch.num_kv_heads}")
+    elif not tp_shards_evenly(arch, tp):
+        p.problem("spec.gpu.count", f"{tp} GPUs cannot share the model's {arch.num_kv_heads} KV heads evenly "
+                  f"(vLLM fails loading the weights); use one of {valid}")
     p.decisions.append(Decision("--tensor-parallel-size", str(tp), f"gpu.count: shard the model over {tp} GPU(s) "
                                 f"({arch.num_attention_heads} heads / {tp} = {arch.num_attention_heads / tp:g} per GPU)"))
 
@@ -531,7 +544,7 @@ def plan(
     if kv <= 0:
         hint = "use a bigger GPU"
         for t in (2, 4, 8, 16, 32, 64):
-            if t <= tp or arch.num_attention_heads % t or (arch.num_kv_heads < t and t % arch.num_kv_heads):
+            if t <= tp or not tp_shards_evenly(arch, t):
                 continue
             need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, elem)
                     + activation_bytes(arch, t, batched, seqs, elem) + int(_a("non_torch_tp1") + _a("nccl_per_gpu_tp"))
