@@ -589,8 +589,17 @@ def plan(
                                "Add GPUs or set engine.kvCacheDtype: fp8 to serve the full context")
         typical = (prof.p95_prompt_tokens or 0) + (prof.p95_output_tokens or 0)
         if length < max(typical, 16):
-            p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
-                      f"({typical} tokens); add GPUs or use a quantized model")
+            # Blame what actually limits the length: the profile's own maximum, the model, or the KV cache.
+            if typical > model_limit:
+                p.problem("spec.workloadProfile.p95PromptTokens", f"a typical request (p95 prompt + output = "
+                          f"{typical} tokens) is longer than {spec.model.name} supports ({model_limit} tokens)")
+            elif prof.max_context_tokens and prof.max_context_tokens < typical:
+                p.problem("spec.workloadProfile.maxContextTokens", f"{prof.max_context_tokens} is shorter than one "
+                          f"typical request (p95PromptTokens + p95OutputTokens = {typical}); raise it or lower the "
+                          "p95 figures")
+            else:
+                p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
+                          f"({typical} tokens); add GPUs or use a quantized model")
     p.max_model_len = length
     p.decisions.append(Decision("--max-model-len", str(length), len_why, pinned=e.max_model_len is not None))
 
