@@ -122,7 +122,7 @@ def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[Plan], bool]:
         if doc.errors:
             ok = False
             for line in doc.errors:
-                err.write(f"{args.file}: {doc.name}: {line}\n")
+                err.write(f"{args.file}: {doc.name + ': ' if doc.name else ''}{line}\n")
             continue
         s = doc.server
         plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=args.hf_endpoint)
@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
     run.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
     run.add_argument("--resync-seconds", type=float, default=60.0, help="periodic reconcile interval")
-    run.add_argument("--health-port", type=int, default=8080, help="port of /healthz and /metrics (0: off)")
+    run.add_argument("--health-port", type=int, default=8080, help="port of /metrics, /healthz and /readyz (0: off)")
     run.add_argument("--peering", default=None, help="kopf peering name for HA (off when omitted)")
     run.set_defaults(func=cmd_run)
     return parser

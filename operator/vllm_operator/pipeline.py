@@ -56,24 +56,34 @@ def _inner_model(annotation: Any) -> Any:
 
 
 def format_validation_error(err: pydantic.ValidationError, root: type[pydantic.BaseModel], prefix: str = "") -> list[str]:
-    """One line per problem: the field path, what is wrong, and a hint where we have one."""
-    lines = []
+    """One line per problem: the field path, what is wrong, and a hint where we have one.
+
+    A misspelt required field ("modle") is one mistake: its "did you mean 'model'?" line
+    stands for it, without a second line saying that spec.model is missing.
+    """
+    def dotted(loc: tuple) -> str:
+        return prefix + "".join(f"[{p}]" if isinstance(p, int) else (("." if i or prefix else "") + str(p))
+                                for i, p in enumerate(loc))
+
+    lines: list[tuple[str, str]] = []
+    suggested: set[str] = set()
     for e in err.errors():
         loc = tuple(e["loc"])
-        path = prefix + "".join(f"[{p}]" if isinstance(p, int) else (("." if i or prefix else "") + str(p))
-                                for i, p in enumerate(loc))
+        path = dotted(loc)
         if e["type"] == "extra_forbidden":
             known = _known_fields(root, loc)
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else (f" (known: {', '.join(known)})" if known else "")
-            lines.append(f"{path}: unknown field{hint}")
+            lines.append((path, f"{path}: unknown field{hint}"))
+            if close:
+                suggested.add(dotted(loc[:-1] + (close[0],)))
         elif e["type"] == "missing":
-            lines.append(f"{path}: required field is missing")
+            lines.append((path, f"{path}: required field is missing"))
         else:
             got = e.get("input")
             shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) else ""
-            lines.append(f"{path}: {e['msg']}{shown}")
-    return lines
+            lines.append((path, f"{path}: {e['msg']}{shown}"))
+    return [line for path, line in lines if not (path in suggested and line.endswith("required field is missing"))]
 
 
 def load_documents(text: str) -> list[Document]:
@@ -84,7 +94,15 @@ def load_documents(text: str) -> list[Document]:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        return [Document(0, "?", errors=[f"YAML error: {where}{problem}"])]
+        if "expected <block end>" in problem or "mapping values are not allowed" in problem:
+            problem += " (check the indentation of this line against the lines above it)"
+        elif "found character '\\t'" in problem:
+            problem += " (YAML indents with spaces, not tabs)"
+        if mark is not None:
+            lines = text.splitlines()
+            if 0 <= mark.line < len(lines) and lines[mark.line].strip():
+                problem += f": {lines[mark.line].rstrip()!r}"
+        return [Document(0, "", errors=[f"YAML error: {where}{problem}"])]
     docs = []
     for i, raw in enumerate(raw_docs):
         meta = raw.get("metadata") if isinstance(raw, dict) else None
