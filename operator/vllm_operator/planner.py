@@ -497,7 +497,7 @@ def plan(
         p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM")
         return p
     p.gpu_memory_utilization = util
-    p.decisions.append(Decision("--gpu-memory-utilization", f"{util:.2f}", f"{why}: budget {gib(util * total)} of "
+    p.decisions.append(Decision("--gpu-memory-utilization", repr(float(util)), f"{why}: budget {gib(util * total)} of "
                                 f"{gib(total)} per GPU", pinned=e.gpu_memory_utilization is not None))
     budget = int(util * total)
 
