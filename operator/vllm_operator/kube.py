@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from kubernetes import client as k8s
 
+from . import metrics
+
 FIELD_MANAGER = "vllm-operator"
 
 #: (apiVersion, kind) -> plural, for the kinds the operator manages or reads.
@@ -81,6 +83,9 @@ class Kube:
         text = data.decode() if isinstance(data, bytes) else (data or "")
         if not 200 <= resp.status < 300:
             raise ApiError(resp.status, text, method, path)
+        labels = metrics.api_write_labels(method, path, content_type)
+        if labels is not None:
+            metrics.record_api_write(*labels)
         return json.loads(text) if text else None
 
     # ---- objects

@@ -8,8 +8,10 @@ Create/update/resume of a VLLMServer, a periodic timer, and events of its childr
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import threading
+import time
 from collections import defaultdict
 from typing import Any, Optional
 
@@ -17,7 +19,7 @@ import kopf
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, builders
+from . import api, builders, metrics
 from .kube import ApiError, Kube
 from .reconcile import Reconciler
 
@@ -42,6 +44,7 @@ class State:
 
 
 STATE = State()
+HEALTH = metrics.Health()
 
 
 def api_client() -> k8s.ApiClient:
@@ -59,16 +62,33 @@ def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = 
                       prometheus_url=getattr(args, "prometheus_url", None), pdb_api_version=pdb)
 
 
+def reconcile_result(result: Any) -> str:
+    """The metrics label of one reconcile's outcome."""
+    if result is None:
+        return "gone"
+    if not result.valid:
+        return "invalid"
+    return "applied" if result.applied or result.pruned or result.status_written else "unchanged"
+
+
 def reconcile(namespace: str, name: str, logger: Any) -> None:
     reconciler = STATE.reconciler
     assert reconciler is not None, "operator not started"
     with STATE.lock(namespace, name):
+        started = time.monotonic()
         try:
             result = reconciler.reconcile(namespace, name)
         except ApiError as e:
+            metrics.record_reconcile_error(str(e.status))
+            metrics.record_reconcile("error", time.monotonic() - started)
             if e.status in (409, 429) or e.status >= 500:
                 raise kopf.TemporaryError(str(e), delay=2) from e
             raise kopf.TemporaryError(str(e), delay=10) from e
+        except Exception as e:
+            metrics.record_reconcile_error(type(e).__name__)
+            metrics.record_reconcile("error", time.monotonic() - started)
+            raise
+        metrics.record_reconcile(reconcile_result(result), time.monotonic() - started)
     if result is not None and (result.applied or result.pruned or not result.valid):
         logger.info("reconciled %s/%s: applied=%s pruned=%s valid=%s", namespace, name, result.applied,
                     result.pruned, result.valid)
@@ -85,6 +105,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.execution.max_workers = 8
+
+
+@kopf.on.startup()
+async def watch_event_loop(**_: Any) -> None:
+    HEALTH.loop = asyncio.get_running_loop()  # /healthz checks that this loop still answers
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
@@ -122,12 +147,17 @@ def run(args: argparse.Namespace) -> int:
                sharp=False)(on_timer)
     STATE.reconciler = make_reconciler(args)
     namespaces = list(args.namespace)
-    liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
-    kopf.run(
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        standalone=args.peering is None,
-        peering_name=args.peering,
-        liveness_endpoint=liveness,
-    )
+    # /metrics, /healthz and /readyz on one port (metrics.py); kopf's own liveness endpoint stays off.
+    server = metrics.serve(args.health_port, HEALTH) if args.health_port else None
+    try:
+        kopf.run(
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            standalone=args.peering is None,
+            peering_name=args.peering,
+            ready_flag=HEALTH.ready,
+        )
+    finally:
+        if server is not None:
+            server.shutdown()
     return 0

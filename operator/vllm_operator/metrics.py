@@ -1,0 +1,169 @@
+"""The operator's own observability: Prometheus metrics and the HTTP endpoints its probes use.
+
+One small threaded HTTP server on `--health-port` answers:
+
+* ``/metrics``: every metric below, plus the Python process collectors;
+* ``/healthz`` (liveness): 200 while kopf's event loop answers within a few seconds
+  (and while the operator is still starting, so a slow start is never killed);
+* ``/readyz`` (readiness): 200 once kopf has run its startup handlers and begun watching.
+
+The recording functions are plain calls with no I/O, safe from any thread; the
+reconcile wrapper, the Kubernetes client layer and the autoscaler call them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import generate_latest
+
+from . import __version__, api
+
+NAMESPACE = "vllm_operator"
+
+RECONCILES = Counter(
+    "reconciles", "Reconciles of a VLLMServer by result: applied (something written), unchanged, "
+    "invalid (SpecValid=False), gone (deleted), error (raised and retried).", ["result"], namespace=NAMESPACE)
+RECONCILE_DURATION = Histogram(
+    "reconcile_duration_seconds", "Wall time of one reconcile, API calls included.", namespace=NAMESPACE,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
+RECONCILE_ERRORS = Counter(
+    "reconcile_errors", "Reconciles that raised, by cause (HTTP status of the failing API call, or the "
+    "exception's class).", ["cause"], namespace=NAMESPACE)
+API_WRITES = Counter(
+    "api_writes", "Writes to the Kubernetes API by resource (plural[/subresource]) and verb "
+    "(apply, patch, create, delete).", ["resource", "verb"], namespace=NAMESPACE)
+SCALING_DECISIONS = Counter(
+    "scaling_decisions", "Autoscaler decisions by VLLMServer and direction (up, down, hold).",
+    ["namespace", "name", "direction"], namespace=NAMESPACE)
+BUILD_INFO = Gauge("build_info", "The operator's version and the vLLM release its flags are checked against.",
+                   ["version", "vllm_version"], namespace=NAMESPACE)
+BUILD_INFO.labels(version=__version__, vllm_version=api.VLLM_VERSION).set(1)
+
+RESULTS = ("applied", "unchanged", "invalid", "gone", "error")
+DIRECTIONS = ("up", "down", "hold")
+
+
+# --------------------------------------------------------------------------- recording
+def record_reconcile(result: str, seconds: float) -> None:
+    """One reconcile finished with `result` (one of RESULTS) after `seconds`."""
+    if result not in RESULTS:
+        raise ValueError(f"unknown reconcile result {result!r}; expected one of {RESULTS}")
+    RECONCILES.labels(result=result).inc()
+    RECONCILE_DURATION.observe(seconds)
+
+
+def record_reconcile_error(cause: str) -> None:
+    RECONCILE_ERRORS.labels(cause=cause).inc()
+
+
+def record_api_write(resource: str, verb: str) -> None:
+    API_WRITES.labels(resource=resource, verb=verb).inc()
+
+
+def record_scaling_decision(namespace: str, name: str, direction: str) -> None:
+    """The autoscaler decided to scale `direction` (up, down or hold) for one VLLMServer."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"unknown scaling direction {direction!r}; expected one of {DIRECTIONS}")
+    SCALING_DECISIONS.labels(namespace=namespace, name=name, direction=direction).inc()
+
+
+def api_write_labels(method: str, path: str, content_type: str = "") -> Optional[tuple[str, str]]:
+    """(resource, verb) of a write request to the API server, None for reads.
+
+    `path` is a REST path such as /apis/apps/v1/namespaces/ns/statefulsets/x or
+    /apis/vllm-operator.io/v1alpha1/namespaces/ns/vllmservers/x/status.
+    """
+    method = method.upper()
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return None
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    # strip /api/v1 or /apis/group/version, then an optional namespaces/<ns>
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) != 2:
+        rest = rest[2:]
+    resource = rest[0] if rest else "unknown"
+    if len(rest) >= 3:
+        resource += "/" + rest[2]
+    if method == "PATCH":
+        verb = "apply" if "apply-patch" in content_type else "patch"
+    else:
+        verb = {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
+    return resource, verb
+
+
+# --------------------------------------------------------------------------- health
+@dataclass
+class Health:
+    """What /healthz and /readyz look at."""
+
+    loop: Optional[asyncio.AbstractEventLoop] = None
+    """kopf's event loop, once it runs (set from an async startup handler)."""
+    ready: threading.Event = field(default_factory=threading.Event)
+    """Set by kopf (its ready_flag) after the startup handlers ran."""
+    loop_timeout: float = 5.0
+
+    def live(self) -> tuple[bool, str]:
+        loop = self.loop
+        if loop is None:
+            return True, "starting"
+        if loop.is_closed():
+            return False, "event loop closed"
+        future = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop)
+        try:
+            future.result(timeout=self.loop_timeout)
+        except Exception:  # noqa: BLE001 - a timeout or a loop that stopped: not live either way
+            future.cancel()
+            return False, f"event loop did not answer within {self.loop_timeout:g}s"
+        return True, "ok"
+
+    def is_ready(self) -> tuple[bool, str]:
+        return (True, "ok") if self.ready.is_set() else (False, "starting")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        elif path in ("/healthz", "/livez"):
+            ok, message = self.server.health.live()
+            self._send(200 if ok else 503, (message + "\n").encode())
+        elif path == "/readyz":
+            ok, message = self.server.health.is_ready()
+            self._send(200 if ok else 503, (message + "\n").encode())
+        else:
+            self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
+
+    def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - probes every few seconds: no access log
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], health: Health, registry: CollectorRegistry):
+        self.health = health
+        self.registry = registry
+        super().__init__(address, _Handler)
+
+
+def serve(port: int, health: Health, host: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> _Server:
+    """Start the HTTP server in a daemon thread; `port` 0 picks a free one (see `server_address`)."""
+    server = _Server((host, port), health, registry)
+    threading.Thread(target=server.serve_forever, name="vllm-operator-http", daemon=True).start()
+    return server
