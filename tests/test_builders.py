@@ -1,0 +1,365 @@
+"""Builder tests: spec + plan -> the Kubernetes objects the operator applies.
+
+Every example in examples/ is planned and built; the objects are checked field by field,
+and the whole `vllm-operator render examples/<x>.yaml` output is compared with a golden
+file in tests/golden/<x>.yaml.
+
+The golden files are regenerated only on purpose, after a change you meant to make to
+the planner or the builders (review the diff before committing it):
+
+    UPDATE_GOLDEN=1 python -m pytest tests/test_builders.py
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vllm_operator import api, builders, cli, pipeline
+from vllm_operator.planner import Plan
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+GOLDEN = Path(__file__).resolve().parent / "golden"
+OWNER = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "x", "uid": "0b7e-uid-1234"}}
+
+
+def plan_example(path: Path) -> Plan:
+    [doc] = pipeline.load_documents(path.read_text())
+    assert not doc.errors, doc.errors
+    s = doc.server
+    return pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec)
+
+
+def plan_spec(name: str = "srv", **spec: Any) -> Plan:
+    spec.setdefault("model", {"name": "meta-llama/Llama-3.2-3B-Instruct"})
+    spec.setdefault("gpu", {"count": 1, "product": "NVIDIA-L4"})
+    spec.setdefault("workloadProfile", {"maxContextTokens": 8192})
+    plan = pipeline.plan_server(name, "ns1", api.VLLMServerSpec.model_validate(spec))
+    assert plan.fits, plan.problems
+    return plan
+
+
+def by_kind(objects: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for obj in objects:
+        out.setdefault(obj["kind"], []).append(obj)
+    return out
+
+
+def workload(objects: list[dict]) -> dict:
+    [w] = [o for o in objects if o["kind"] in ("StatefulSet", "DaemonSet")]
+    return w
+
+
+def pod_spec(objects: list[dict]) -> dict:
+    return workload(objects)["spec"]["template"]["spec"]
+
+
+def container(objects: list[dict]) -> dict:
+    [c] = pod_spec(objects)["containers"]
+    return c
+
+
+def render(path: Path, *extra: str) -> tuple[int, str, str]:
+    args = cli.build_parser().parse_args(["render", str(path), *extra])
+    out, err = io.StringIO(), io.StringIO()
+    rc = args.func(args, out, err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _workload_of(path: Path) -> str:
+    return (yaml.safe_load(path.read_text())["spec"].get("workload") or "StatefulSet")
+
+
+STATEFULSET_EXAMPLES = [p for p in EXAMPLES if _workload_of(p) == "StatefulSet"]
+DAEMONSET_EXAMPLES = [p for p in EXAMPLES if _workload_of(p) == "DaemonSet"]
+
+
+def _built(path: Path) -> tuple[Plan, list[dict]]:
+    plan = plan_example(path)
+    assert plan.fits, plan.problems
+    return plan, builders.build_all(plan)
+
+
+@pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def example(request) -> tuple[Plan, list[dict]]:
+    return _built(request.param)
+
+
+@pytest.fixture(params=STATEFULSET_EXAMPLES, ids=[p.stem for p in STATEFULSET_EXAMPLES])
+def sts_example(request) -> tuple[Plan, list[dict]]:
+    return _built(request.param)
+
+
+@pytest.fixture(params=DAEMONSET_EXAMPLES, ids=[p.stem for p in DAEMONSET_EXAMPLES])
+def ds_example(request) -> tuple[Plan, list[dict]]:
+    return _built(request.param)
+
+
+def test_examples_exist():
+    assert len(EXAMPLES) >= 5
+    assert STATEFULSET_EXAMPLES and DAEMONSET_EXAMPLES
+
+
+# --------------------------------------------------------------------------- workloads
+def test_workload_kind_follows_spec(example):
+    plan, objects = example
+    kinds = by_kind(objects)
+    if plan.spec.workload == "StatefulSet":
+        assert "DaemonSet" not in kinds and len(kinds["StatefulSet"]) == 1
+    else:
+        assert "StatefulSet" not in kinds and len(kinds["DaemonSet"]) == 1
+
+
+def test_statefulset(sts_example):
+    plan, objects = sts_example
+    [sts] = by_kind(objects)["StatefulSet"]
+    spec = sts["spec"]
+    headless = [s for s in by_kind(objects)["Service"] if s["spec"].get("clusterIP") == "None"]
+    assert [s["metadata"]["name"] for s in headless] == [spec["serviceName"]]
+    assert spec["podManagementPolicy"] == "Parallel"
+    if plan.spec.autoscaling.enabled:
+        assert "replicas" not in spec  # the autoscaler owns it; applying a number would fight it
+    else:
+        assert spec["replicas"] == plan.spec.replicas
+    if plan.spec.cache is not None and plan.spec.cache.size:
+        [claim] = spec["volumeClaimTemplates"]
+        assert claim["metadata"]["name"] == "cache"
+        assert claim["spec"]["resources"]["requests"]["storage"] == plan.spec.cache.size
+        assert "cache" not in [v["name"] for v in spec["template"]["spec"]["volumes"]]
+    else:
+        assert "volumeClaimTemplates" not in spec
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def test_daemonset_has_no_replicas(ds_example):
+    plan, objects = ds_example
+    [ds] = by_kind(objects)["DaemonSet"]
+    assert "replicas" not in ds["spec"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize(("replicas", "autoscaling"), [
+    (3, {}),
+    (0, {}),
+    (3, {"enabled": True, "maxReplicas": 5}),
+])
+def test_statefulset_replicas(replicas, autoscaling):
+    plan = plan_spec(replicas=replicas, autoscaling=autoscaling)
+    sts = builders.build_statefulset(plan)
+    if autoscaling.get("enabled"):
+        assert "replicas" not in sts["spec"]
+    else:
+        assert sts["spec"]["replicas"] == replicas
+
+
+@pytest.mark.parametrize(("cache", "claim_templates", "volume"), [
+    (None, False, {"name": "cache", "emptyDir": {}}),
+    ({"size": "100Gi", "storageClassName": "fast"}, True, None),
+    ({"claimName": "models"}, False, {"name": "cache", "persistentVolumeClaim": {"claimName": "models"}}),
+])
+def test_cache_volume(cache, claim_templates, volume):
+    plan = plan_spec(**({"cache": cache} if cache else {}))
+    sts = builders.build_statefulset(plan)
+    assert ("volumeClaimTemplates" in sts["spec"]) is claim_templates
+    if claim_templates:
+        assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "fast"
+    volumes = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache"]
+    assert volumes == ([volume] if volume else [])
+    [c] = sts["spec"]["template"]["spec"]["containers"]
+    assert {"name": "cache", "mountPath": builders.CACHE_MOUNT} in c["volumeMounts"]
+
+
+# --------------------------------------------------------------------------- the pod
+def test_pod_args_and_gpus(example):
+    plan, objects = example
+    c = container(objects)
+    assert c["args"] == plan.args
+    assert c["image"] == plan.spec.image
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == str(plan.spec.gpu.count)
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == str(plan.spec.gpu.count)
+    assert [p["containerPort"] for p in c["ports"] if p["name"] == "http"] == [8000]
+
+
+def test_pod_scheduling(example):
+    plan, objects = example
+    pod = pod_spec(objects)
+    if plan.spec.gpu.product:
+        assert pod["nodeSelector"]["nvidia.com/gpu.product"] == plan.spec.gpu.product
+    else:
+        assert "nvidia.com/gpu.product" not in pod.get("nodeSelector", {})
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_shared_memory(example):
+    plan, objects = example
+    pod, c = pod_spec(objects), container(objects)
+    dshm = [v for v in pod["volumes"] if v["name"] == "dshm"]
+    if plan.spec.ipc == "Host":
+        assert pod["hostIPC"] is True
+        assert not dshm
+        assert "/dev/shm" not in [m["mountPath"] for m in c["volumeMounts"]]
+    else:
+        assert "hostIPC" not in pod
+        [vol] = dshm
+        assert vol["emptyDir"]["medium"] == "Memory"
+        assert vol["emptyDir"]["sizeLimit"] == builders.quantity(plan.shm_bytes)
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+
+
+@pytest.mark.parametrize("ipc", ["Host", "SharedMemory"])
+def test_host_ipc_only_for_ipc_host(ipc):
+    plan = plan_spec(ipc=ipc, gpu={"count": 2, "product": "NVIDIA-L4"})
+    pod = builders.pod_template(plan)["spec"]
+    assert pod.get("hostIPC", False) is (ipc == "Host")
+    assert bool([v for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]) is (ipc != "Host")
+
+
+def test_hf_token_from_secret_only(example):
+    plan, objects = example
+    env = container(objects)["env"]
+    tokens = [e for e in env if e["name"] in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
+    for e in tokens:
+        assert "value" not in e
+        assert e["valueFrom"]["secretKeyRef"]["name"]
+    ref = plan.spec.hf_token_secret_ref
+    if ref is None:
+        assert not tokens
+    else:
+        assert tokens == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+    assert {"name": "HF_HOME", "value": builders.HF_HOME} in env
+
+
+def test_probes_never_kill_a_loading_model(example):
+    plan, objects = example
+    c = container(objects)
+    startup = c["startupProbe"]
+    assert startup["failureThreshold"] * startup["periodSeconds"] >= plan.startup_seconds
+    for name in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[name]["httpGet"] == {"path": "/health", "port": "http"}, name
+
+
+def test_pod_hardening(example):
+    plan, objects = example
+    pod, c = pod_spec(objects), container(objects)
+    assert pod["enableServiceLinks"] is False
+    assert not any("hostPath" in v for v in pod["volumes"])
+    for ctr in pod["containers"] + pod.get("initContainers", []):
+        sc = ctr.get("securityContext", {})
+        assert not sc.get("privileged", False)
+        assert sc.get("allowPrivilegeEscalation") is False
+    assert "hostNetwork" not in pod or plan.spec.workload == "DaemonSet"
+    assert pod["terminationGracePeriodSeconds"] > builders.PRESTOP_SECONDS
+    assert c["resources"]["requests"]["memory"]
+
+
+# --------------------------------------------------------------------------- services, PDB
+def test_client_service(example):
+    plan, objects = example
+    [svc] = [s for s in by_kind(objects)["Service"] if s["metadata"]["name"] == plan.name]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["spec"]["selector"] == builders.selector_labels(plan.name)
+    assert svc["spec"].get("clusterIP") != "None"
+
+
+@pytest.mark.parametrize(("spec", "wanted"), [
+    ({"replicas": 1}, False),
+    ({"replicas": 2}, True),
+    ({"replicas": 1, "autoscaling": {"enabled": True, "maxReplicas": 1}}, False),
+    ({"replicas": 1, "autoscaling": {"enabled": True, "maxReplicas": 4}}, True),
+    ({"replicas": 3, "workload": "DaemonSet"}, False),
+])
+@pytest.mark.parametrize("api_version", ["policy/v1", "policy/v1beta1"])
+def test_pdb(spec, wanted, api_version):
+    plan = plan_spec(**spec)
+    pdbs = [o for o in builders.build_all(plan, pdb_api_version=api_version) if o["kind"] == "PodDisruptionBudget"]
+    if not wanted:
+        assert pdbs == []
+        return
+    [pdb] = pdbs
+    assert pdb["apiVersion"] == api_version
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == builders.selector_labels(plan.name)
+
+
+def test_pdb_api_version_from_render():
+    rc, out, _ = render(ROOT / "examples" / "llama-3b-autoscaled.yaml", "--pdb-api-version", "policy/v1beta1")
+    assert rc == 0
+    [pdb] = [o for o in yaml.safe_load_all(out) if o["kind"] == "PodDisruptionBudget"]
+    assert pdb["apiVersion"] == "policy/v1beta1"
+
+
+# --------------------------------------------------------------------------- metadata
+def test_owner_references(example):
+    plan, _ = example
+    for obj in builders.build_all(plan, OWNER):
+        [ref] = obj["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "x", "uid": "0b7e-uid-1234",
+                       "controller": True, "blockOwnerDeletion": True}
+    for obj in builders.build_all(plan):
+        assert "ownerReferences" not in obj["metadata"]
+
+
+def test_labels(example):
+    plan, objects = example
+    for obj in objects:
+        meta = obj["metadata"]
+        assert meta["namespace"] == plan.namespace
+        labels = meta["labels"]
+        assert labels["app.kubernetes.io/name"] == "vllm"
+        assert labels["app.kubernetes.io/instance"] == plan.name
+        assert labels["app.kubernetes.io/managed-by"] == "vllm-operator"
+        assert labels["app.kubernetes.io/component"]
+    template_labels = workload(objects)["spec"]["template"]["metadata"]["labels"]
+    assert template_labels.items() >= builders.selector_labels(plan.name).items()
+
+
+def test_pod_labels_cannot_override_selector():
+    plan = plan_spec(podLabels={"app.kubernetes.io/instance": "other", "team": "a"})
+    labels = builders.pod_template(plan)["metadata"]["labels"]
+    assert labels["app.kubernetes.io/instance"] == "srv" and labels["team"] == "a"
+
+
+def test_build_all_refuses_a_plan_that_does_not_fit():
+    plan = pipeline.plan_server("x", "default", api.VLLMServerSpec.model_validate(
+        {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}, "gpu": {"product": "NVIDIA-L4"}}))
+    assert not plan.fits
+    with pytest.raises(ValueError, match="does not fit"):
+        builders.build_all(plan)
+
+
+# --------------------------------------------------------------------------- golden files
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_render_matches_golden(path: Path):
+    rc, out, err = render(path)
+    assert rc == 0, err
+    assert err == ""
+    docs = list(yaml.safe_load_all(out))
+    assert docs and all(isinstance(d, dict) and d.get("kind") for d in docs)
+    golden = GOLDEN / f"{path.stem}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(out)
+    assert golden.exists(), f"no golden file {golden}; create it with UPDATE_GOLDEN=1 python -m pytest {__file__}"
+    expected = golden.read_text()
+    if out != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), out.splitlines(True),
+                                            f"golden/{golden.name}", "render output"))
+        pytest.fail(f"render output differs from {golden.name} (if intended: UPDATE_GOLDEN=1 python -m pytest "
+                    f"tests/test_builders.py):\n{diff}")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_render_is_what_the_builders_build(path: Path):
+    """The CLI's render prints exactly the objects the operator would apply (no owner: it is offline)."""
+    _, objects = _built(path)
+    rc, out, _ = render(path)
+    assert rc == 0
+    assert list(yaml.safe_load_all(out)) == objects

