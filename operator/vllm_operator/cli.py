@@ -197,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
     run.add_argument("--resync-seconds", type=float, default=60.0, help="periodic reconcile interval")
     run.add_argument("--health-port", type=int, default=8080, help="port of /metrics, /healthz and /readyz (0: off)")
+    run.add_argument("--disable-scanning", action="store_true",
+                     help="never list or watch CRDs and Namespaces cluster-wide (kopf's scanning): for namespaced "
+                     "installs that have Roles only; a reinstalled CRD is then noticed on restart")
     run.add_argument("--peering", default=None, help="kopf peering name for HA (off when omitted)")
     run.set_defaults(func=cmd_run)
     return parser

@@ -147,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
                sharp=False)(on_timer)
     STATE.reconciler = make_reconciler(args)
     namespaces = list(args.namespace)
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (metrics.py); kopf's own liveness endpoint stays off.
     server = metrics.serve(args.health_port, HEALTH) if args.health_port else None
     try:
@@ -156,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
             standalone=args.peering is None,
             peering_name=args.peering,
             ready_flag=HEALTH.ready,
+            settings=settings,
         )
     finally:
         if server is not None:
