@@ -1,16 +1,22 @@
 # The operator image: slim Python, the package's declared runtime dependencies only
-# (no compilers, no vLLM), a non-root user, compatible with a read-only root filesystem.
+# (no compilers, no vLLM, no torch), a non-root user, compatible with a read-only root
+# filesystem (the chart mounts an emptyDir at /tmp, the only path it writes).
 #   docker build -t vllm-operator:0.1.0 .
+# tests/test_packaging.py checks what can be checked without a Docker engine: the wheel's
+# Requires-Dist equals pyproject's dependencies, the user is non-root, the entrypoint.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
+# Wheels of the package and of its runtime dependencies (all published as wheels: nothing compiles).
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
-RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin operator
+RUN groupadd --gid 65532 operator \
+    && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin operator
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-compile /wheels/*.whl && rm -rf /wheels
+# pip compiles the bytecode here, at build time: at run time the root filesystem is read-only.
+RUN pip install --no-cache-dir --no-index /wheels/*.whl && rm -rf /wheels
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 65532:65532
 EXPOSE 8080

@@ -1,5 +1,5 @@
 # The two commands of the README, plus generators.
-.PHONY: demo test crd golden flags
+.PHONY: demo test crd generate golden flags
 
 demo:  ## a local control plane, the operator and an example VLLMServer, until Ctrl-C
 	bash e2e/demo.sh
@@ -9,6 +9,9 @@ test:  ## the whole test suite (installs and caches what it needs)
 
 crd:   ## regenerate the CRD from the pydantic models
 	.venv/bin/vllm-operator crd > crds/vllmservers.vllm-operator.io.yaml
+
+generate:  ## regenerate crds/, the chart's crds/ and values.schema.json, manifests/ (tests fail when stale)
+	.venv/bin/python -m vllm_operator.packaging
 
 golden:  ## regenerate the golden render output of examples/ (on purpose only)
 	UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_builders.py -q

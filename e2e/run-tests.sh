@@ -13,11 +13,21 @@ step "python environment (.venv)"
 if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,helm]'
+# Helm v4 as a library for install/upgrade/uninstall tests: its metadata asks for Python 3.12,
+# it works on 3.11 (so it cannot be a pyproject extra).
+.venv/bin/python -m pip install -q --disable-pip-version-check --ignore-requires-python \
+  'helm-sdkpy==0.1.32' cffi pycparser
 
 if ! command -v kubectl >/dev/null 2>&1; then
   step "kubectl (Debian's kubernetes-client)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client >/dev/null
+fi
+
+if ! command -v lua5.1 >/dev/null 2>&1; then
+  step "lua5.1 (Debian's; runs the Argo CD health check in tests)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua5.1 >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua5.1 >/dev/null; }
 fi
 
 step "Kubernetes 1.20 control plane binaries (cached)"

@@ -1,0 +1,86 @@
+{{/* The release's full name: the release name when it already says vllm-operator. */}}
+{{- define "vllm-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "vllm-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "vllm-operator.labels" -}}
+{{ include "vllm-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "vllm-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "vllm-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Rules for the namespaced resources the operator touches: a ClusterRole's in cluster-wide
+mode, each watched namespace's Role in namespaced mode. No Secrets: the vLLM pods read the
+Hugging Face token through a secretKeyRef; the operator never does.
+*/}}
+{{- define "vllm-operator.rules" -}}
+# VLLMServers: kopf lists and watches them and patches its finalizer and progress
+# annotations; the reconciler reads one at a time.
+- apiGroups: ["vllm-operator.io"]
+  resources: ["vllmservers"]
+  verbs: ["get", "list", "watch", "patch"]
+# Status is written with server-side apply on the status subresource.
+- apiGroups: ["vllm-operator.io"]
+  resources: ["vllmservers/status"]
+  verbs: ["patch"]
+# Children: server-side applied (patch; a first apply of a missing object is also
+# authorised as create), listed by label to find drift and to prune (list, delete), and
+# watched by kopf so a changed or deleted child is repaired at once (watch).
+- apiGroups: ["apps"]
+  resources: ["statefulsets", "daemonsets"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# PodDisruptionBudgets: applied, listed and pruned like the children above, not watched.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["list", "create", "patch", "delete"]
+{{- if .Values.rbac.horizontalPodAutoscalers }}
+# HorizontalPodAutoscalers of servers with autoscaling.mode HPA.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list", "create", "patch", "delete"]
+{{- end }}
+{{- if .Values.rbac.kedaScaledObjects }}
+# KEDA ScaledObjects of servers with autoscaling.mode KEDA.
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["list", "create", "patch", "delete"]
+{{- end }}
+# Pods, read only: readiness and crash-loop reasons for status, and which ready pods the
+# autoscaler scrapes.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+# Events: the reconciler's, the autoscaler's and kopf's own warnings.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}
+
+{{/* What kopf reads at cluster scope: CRDs (to notice the VLLMServer CRD being reinstalled). */}}
+{{- define "vllm-operator.crdRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- end -}}

