@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / packaging.CHART
 BUNDLE = ROOT / "manifests" / "vllm-operator.yaml"
 FORBIDDEN_RESOURCES = {"secrets", "*"}
+CHILD_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 
 
 def render(values=None, namespace="ops", **kw):
@@ -142,12 +143,12 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
     assert rules(role) == {
         ("vllm-operator.io", "vllmservers"): {"get", "list", "watch", "patch"},
         ("vllm-operator.io", "vllmservers/status"): {"patch"},
-        ("apps", "statefulsets"): {"list", "watch", "create", "patch", "delete"},
-        ("apps", "daemonsets"): {"list", "watch", "create", "patch", "delete"},
-        ("", "services"): {"list", "watch", "create", "patch", "delete"},
-        ("policy", "poddisruptionbudgets"): {"list", "create", "patch", "delete"},
-        ("autoscaling", "horizontalpodautoscalers"): {"list", "create", "patch", "delete"},
-        ("keda.sh", "scaledobjects"): {"list", "create", "patch", "delete"},
+        ("apps", "statefulsets"): CHILD_VERBS,
+        ("apps", "daemonsets"): CHILD_VERBS,
+        ("", "services"): CHILD_VERBS,
+        ("policy", "poddisruptionbudgets"): CHILD_VERBS,
+        ("autoscaling", "horizontalpodautoscalers"): CHILD_VERBS,
+        ("keda.sh", "scaledobjects"): CHILD_VERBS,
         ("", "pods"): {"get", "list", "watch"},
         ("", "events"): {"create"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
@@ -155,12 +156,6 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
     (binding,) = by_kind(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vllm-operator", "namespace": "ops"}]
     assert "--disable-scanning" not in container(objects)["args"]
-
-
-def test_autoscaler_grants_can_be_left_out():
-    (role,) = by_kind(render({"rbac": {"horizontalPodAutoscalers": False, "kedaScaledObjects": False}}),
-                      "ClusterRole")
-    assert not {"horizontalpodautoscalers", "scaledobjects"} & {r for _, r in rules(role)}
 
 
 def test_namespaced_mode_is_roles_only():

@@ -42,31 +42,29 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: ["vllm-operator.io"]
   resources: ["vllmservers/status"]
   verbs: ["patch"]
-# Children: server-side applied (patch; a first apply of a missing object is also
-# authorised as create), listed by label to find drift and to prune (list, delete), and
-# watched by kopf so a changed or deleted child is repaired at once (watch).
+# Children: server-side applied (patch; the first apply of a missing object is authorised as
+# create too), listed and watched by kopf (its event handlers and the in-memory index that
+# reconciles read), pruned when no longer wanted (delete), read one at a time by the
+# autoscaler (get).
 - apiGroups: ["apps"]
   resources: ["statefulsets", "daemonsets"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
-# PodDisruptionBudgets: applied, listed and pruned like the children above, not watched.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "create", "patch", "delete"]
-{{- if .Values.rbac.horizontalPodAutoscalers }}
-# HorizontalPodAutoscalers of servers with autoscaling.mode HPA.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# HorizontalPodAutoscalers and KEDA ScaledObjects of servers with autoscaling.mode HPA or KEDA,
+# managed like the children above. Always granted: kopf watches every kind the reconciler
+# manages before it runs any handler, so a missing grant would stop the whole operator
+# (a kind the cluster does not serve, such as KEDA's without KEDA, is simply not watched).
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["list", "create", "patch", "delete"]
-{{- end }}
-{{- if .Values.rbac.kedaScaledObjects }}
-# KEDA ScaledObjects of servers with autoscaling.mode KEDA.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
-  verbs: ["list", "create", "patch", "delete"]
-{{- end }}
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods, read only: readiness and crash-loop reasons for status, and which ready pods the
 # autoscaler scrapes.
 - apiGroups: [""]

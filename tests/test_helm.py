@@ -1,0 +1,200 @@
+"""The Helm chart installed into the local kube-apiserver by Helm v4's own code (helm-sdkpy).
+
+The chart's operator Deployment cannot run here (no image, no kubelet); `vllm-operator
+run` with that Deployment's arguments and the chart's ServiceAccount token stands in for
+it (e2e/operator_install.py), so what is proven is the chart's RBAC and flags. Also: the
+account can read no Secret, upgrade changes the Deployment, uninstall removes it all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets as random
+import subprocess
+
+import pytest
+import yaml
+
+from e2e.controlplane import wait_for
+from e2e.lua_health import run_health_check
+from e2e.operator_install import (ROOT, children, condition, get_server, http_get, load_example, rbac_trouble,
+                                  run_as_installed, serve_example_until_ready)
+from e2e.serviceaccount import can_i, service_account_kubeconfig
+from vllm_operator import packaging
+
+pytestmark = pytest.mark.apiserver
+
+helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="e2e/run-tests.sh installs helm-sdkpy")
+
+CHART = str(ROOT / packaging.CHART)
+
+
+class Helm:
+    """helm install/upgrade/uninstall into one namespace of the test control plane."""
+
+    def __init__(self, cp, namespace: str):
+        self.config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=cp.kubeconfig)
+
+    def install(self, release: str, values: dict) -> dict:
+        return asyncio.run(helm_sdkpy.Install(self.config).run(release, CHART, values=values, wait=False, timeout=120))
+
+    def upgrade(self, release: str, values: dict) -> dict:
+        return asyncio.run(helm_sdkpy.Upgrade(self.config).run(release, CHART, values=values, wait=False, timeout=120))
+
+    def uninstall(self, release: str) -> dict:
+        return asyncio.run(helm_sdkpy.Uninstall(self.config).run(release, wait=True, timeout=120))
+
+
+@pytest.fixture
+def extra_namespace(control_plane, request):
+    """A second namespace (for the VLLMServers; the release lives in `namespace`)."""
+    made = []
+
+    def make(prefix: str = "app") -> str:
+        name = f"{prefix}-{random.token_hex(3)}"
+        control_plane.kubectl("create", "namespace", name)
+        wait_for(lambda: json.loads(control_plane.kubectl("get", "serviceaccount", "default", "-n", name, "-o",
+                                                           "json", check=False).stdout or "{}").get("secrets"),
+                 60, f"default ServiceAccount token in {name}")
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def release_name() -> str:
+    return f"vo-{random.token_hex(3)}"  # cluster-scoped names (ClusterRole) must not collide between tests
+
+
+def test_ssa_of_a_missing_object_needs_create_not_only_patch(control_plane, namespace):
+    """Why the rules grant `create` next to `patch`: the first server-side apply creates."""
+    cp = control_plane
+    cp.kubectl("create", "serviceaccount", "probe", "-n", namespace)
+    cp.kubectl("create", "role", "patch-only", "--verb=patch", "--resource=configmaps", "-n", namespace)
+    cp.kubectl("create", "rolebinding", "patch-only", "--role=patch-only", f"--serviceaccount={namespace}:probe",
+               "-n", namespace)
+    kubeconfig = service_account_kubeconfig(cp, namespace, "probe", cp.workdir / f"probe-{namespace}.kubeconfig")
+    cm = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa", "namespace": namespace}})
+
+    def apply():
+        return subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "apply", "--server-side",
+                               "--field-manager=probe", "-f", "-"], input=cm, capture_output=True, text=True)
+
+    p = apply()
+    assert p.returncode != 0 and "forbidden" in p.stderr.lower()
+    cp.kubectl("create", "role", "create", "--verb=create", "--resource=configmaps", "-n", namespace)
+    cp.kubectl("create", "rolebinding", "create", "--role=create", f"--serviceaccount={namespace}:probe",
+               "-n", namespace)
+    wait_for(lambda: apply().returncode == 0, 30, "server-side apply with patch + create")
+
+
+def test_install_then_the_operator_under_the_charts_account_serves_a_model(control_plane, k8s, namespace,
+                                                                          extra_namespace, tmp_path):
+    cp, release = control_plane, release_name()
+    app = extra_namespace()
+    result = Helm(cp, namespace).install(release, {"operator": {"resyncSeconds": 5}})
+    assert result["info"]["status"] == "deployed" and result["version"] == 1
+    # the two Helm libraries agree: what helm-sdkpy installed is what `make generate` renders
+    assert [d for d in yaml.safe_load_all(result["manifest"]) if d] == packaging.render_chart(
+        ROOT / packaging.CHART, {"operator": {"resyncSeconds": 5}}, release=release, namespace=namespace)
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
+    sa = f"{release}-vllm-operator"
+
+    with run_as_installed(cp, namespace, tmp_path) as (proc, port, deployment):
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == sa
+        server = serve_example_until_ready(cp, k8s, app, "llama", replicas=2)
+        assert server["status"]["readyReplicas"] == 2
+        assert condition(server, "SpecValid")["status"] == "True"
+        assert set(children(cp, app, "llama")) == {"StatefulSet/llama", "Service/llama", "Service/llama-headless"}
+        assert run_health_check(server) == {"status": "Healthy", "message": "2/2 replicas ready"}
+
+        # the operator's own endpoints, as the chart's probes and ServiceMonitor use them
+        assert http_get(port, "/healthz") == (200, "ok\n")
+        code, text = http_get(port, "/metrics")
+        assert code == 200
+        assert 'vllm_operator_api_writes_total{resource="statefulsets",verb="apply"}' in text
+        assert 'vllm_operator_reconciles_total{result="applied"}' in text
+
+        # a hand-deleted child comes back: list/watch/create on Services work under the account
+        cp.kubectl("delete", "service", "llama", "-n", app)
+        wait_for(lambda: "Service/llama" in children(cp, app, "llama"), 60, "the deleted Service restored")
+        log = proc.log_tail(100000)
+
+    assert rbac_trouble(log) == []
+    lines = [line for line in log.splitlines() if line.strip()]
+    assert lines and all(json.loads(line) for line in lines), "--log-format=json: one JSON object per line"
+
+    # the account reads no Secret, anywhere; and it cannot do what it does not need
+    for ns in (app, namespace, None):
+        for verb in ("get", "list", "watch"):
+            assert not can_i(cp, verb, "secrets", as_namespace=namespace, as_name=sa, namespace=ns), (verb, ns)
+    for verb, resource in (("create", "pods"), ("delete", "vllmservers.vllm-operator.io"),
+                           ("update", "deployments.apps"), ("get", "configmaps"), ("create", "rolebindings")):
+        assert not can_i(cp, verb, resource, as_namespace=namespace, as_name=sa, namespace=app), (verb, resource)
+    p = subprocess.run(["kubectl", f"--kubeconfig={tmp_path / 'sa.kubeconfig'}", "get", "secrets", "-n", app],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "forbidden" in p.stderr.lower()
+    p = subprocess.run(["kubectl", f"--kubeconfig={tmp_path / 'sa.kubeconfig'}", "auth", "can-i", "list",
+                        "secrets", "--all-namespaces"], capture_output=True, text=True)
+    assert p.stdout.strip() == "no"  # SelfSubjectAccessReview, asked by the account itself
+
+
+def test_upgrade_changes_the_deployment_and_uninstall_removes_everything(control_plane, namespace):
+    cp, release = control_plane, release_name()
+    helm = Helm(cp, namespace)
+    helm.install(release, {})
+    name = f"{release}-vllm-operator"
+    before = json.loads(cp.kubectl("get", "deployment", name, "-n", namespace, "-o", "json").stdout)
+    assert "--log-format=json" in before["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    result = helm.upgrade(release, {"operator": {"logFormat": "text", "watchNamespaces": [namespace]},
+                                    "resources": {"limits": {"memory": "512Mi"}}})
+    assert result["version"] == 2 and result["info"]["status"] == "deployed"
+    after = json.loads(cp.kubectl("get", "deployment", name, "-n", namespace, "-o", "json").stdout)
+    container = after["spec"]["template"]["spec"]["containers"][0]
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    assert "--log-format=text" in container["args"] and f"--namespace={namespace}" in container["args"]
+    assert container["resources"]["limits"] == {"memory": "512Mi"}
+    # cluster-wide RBAC became a Role: the ClusterRole is gone, the Role is there
+    assert cp.kubectl("get", "clusterrole", name, check=False).returncode != 0
+    cp.kubectl("get", "role", name, "-n", namespace)
+
+    with pytest.raises(helm_sdkpy.HelmError):  # values.schema.json is enforced by Helm itself
+        helm.upgrade(release, {"operator": {"logFormat": "xml"}})
+
+    helm.uninstall(release)
+    for kind, ns in (("deployment", namespace), ("serviceaccount", namespace), ("service", namespace),
+                     ("role", namespace), ("rolebinding", namespace)):
+        wait_for(lambda: cp.kubectl("get", kind, name, "-n", ns, check=False).returncode != 0, 60, f"{kind} gone")
+    # Helm never deletes what crds/ installed: VLLMServers survive an uninstall
+    cp.kubectl("get", "crd", "vllmservers.vllm-operator.io")
+
+
+def test_namespaced_install_with_roles_only(control_plane, k8s, namespace, extra_namespace, tmp_path):
+    cp, release = control_plane, release_name()
+    app, other = extra_namespace("team"), extra_namespace("other")
+    Helm(cp, namespace).install(release, {"operator": {"watchNamespaces": [app], "resyncSeconds": 5}})
+    sa = f"{release}-vllm-operator"
+    assert json.loads(cp.kubectl("get", "clusterrolebindings", "-l", f"app.kubernetes.io/instance={release}",
+                                 "-o", "json").stdout)["items"] == []
+    # a server outside the watched namespace, there before the operator starts
+    cp.kubectl("apply", "-f", "-", input=json.dumps(load_example("outside", other)))
+
+    with run_as_installed(cp, namespace, tmp_path) as (proc, port, deployment):
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--namespace={app}" in args and "--disable-scanning" in args
+        server = serve_example_until_ready(cp, k8s, app, "inside", replicas=1)
+        assert run_health_check(server)["status"] == "Healthy"
+        log = proc.log_tail(100000)
+
+    assert rbac_trouble(log) == [], "Roles only, and kopf asked for nothing cluster-wide"
+    assert "status" not in get_server(cp, other, "outside"), "the unwatched namespace is left alone"
+    assert children(cp, other, "outside") == {}
+    for verb, resource, ns in (("list", "statefulsets.apps", other), ("list", "vllmservers.vllm-operator.io", None),
+                               ("list", "namespaces", None), ("list", "customresourcedefinitions", None),
+                               ("get", "secrets", app)):
+        assert not can_i(cp, verb, resource, as_namespace=namespace, as_name=sa, namespace=ns), (verb, resource, ns)
+    assert can_i(cp, "patch", "statefulsets.apps", as_namespace=namespace, as_name=sa, namespace=app)
