@@ -1,0 +1,410 @@
+"""The autoscaler's loop: every intervalSeconds read the queue, decide, patch replicas, report.
+
+One kopf daemon per VLLMServer whose ``autoscaling`` is enabled with ``mode: Operator``.
+Each tick (`Autoscaler.tick`, plain blocking code run in a small thread pool):
+
+1. read the StatefulSet's replicas and the server's pods; sort the pods into ready,
+   starting (exist, not Ready, not terminating, still within their startup probe's
+   budget) and stuck (not Ready for longer than that budget: not capacity on the way);
+2. read the ready pods' queue from the metrics source (pods' /metrics or Prometheus);
+3. `policy.decide`; when the count changes, server-side apply ``spec.replicas`` under the
+   autoscaler's own field manager and record a ScaledUp/ScaledDown event;
+4. server-side apply ``status.autoscaling`` and the AutoscalingActive/AutoscalingLimited
+   conditions on the status subresource under the same field manager, only when they
+   changed (numbers alone refresh at most every STATUS_REFRESH_SECONDS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import kopf
+
+from .. import api, builders, pipeline, planner
+from .. import metrics as operator_metrics
+from ..kube import ApiError, Kube
+from ..reconcile import set_condition
+from . import policy
+from .metrics import MetricsSource, PodRef, PodsSource, PrometheusSource, Sample
+from .ownership import CONDITIONS, FIELD_MANAGER, clear_status, has_status, runs_operator_loop
+
+log = logging.getLogger("vllm_operator.autoscaler")
+
+COMPONENT = "vllm-operator-autoscaler"
+ACTIVE, LIMITED = CONDITIONS
+#: Numbers that move every tick (queue length, reason text) reach status at most this often;
+#: decisions, holds and condition changes are written at once.
+STATUS_REFRESH_SECONDS = 30.0
+#: A replica the StatefulSet should have but whose pod does not exist yet counts as on its way this long.
+MISSING_POD_GRACE_SECONDS = 60.0
+#: Startup budget of a pod without a startup probe.
+DEFAULT_STARTUP_SECONDS = 600.0
+
+
+def _now_iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: Optional[str]) -> Optional[float]:
+    if not text:
+        return None
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------- pods
+def _is_ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def startup_budget(pod: dict[str, Any]) -> float:
+    """How long the kubelet lets this pod's server load before giving up: its startup probe's
+    initialDelaySeconds + periodSeconds x failureThreshold (the longest over containers)."""
+    budgets = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        probe = c.get("startupProbe")
+        if probe:
+            budgets.append(probe.get("initialDelaySeconds", 0)
+                           + probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3))
+    return float(max(budgets)) if budgets else DEFAULT_STARTUP_SECONDS
+
+
+def _started_at(pod: dict[str, Any]) -> Optional[float]:
+    """When the pod's server last (re)started loading: its newest container start, else its creation."""
+    times = [_parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+             for cs in (pod.get("status") or {}).get("containerStatuses") or []]
+    times = [t for t in times if t is not None]
+    return max(times) if times else _parse_time(pod["metadata"].get("creationTimestamp"))
+
+
+def _port(pod: dict[str, Any]) -> int:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == builders.PORT_NAME and p.get("containerPort"):
+                return int(p["containerPort"])
+    return builders.PORT
+
+
+@dataclass
+class PodGroups:
+    ready: list[PodRef] = field(default_factory=list)
+    ready_without_ip: list[str] = field(default_factory=list)
+    starting: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+
+
+def classify_pods(pods: list[dict[str, Any]], now: float) -> PodGroups:
+    """Ready pods (with where to scrape them), pods starting within their startup budget, and
+    pods not Ready for longer than that (stuck: never counted as capacity on the way).
+    Terminating and finished pods are left out."""
+    groups = PodGroups()
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        meta, status = pod["metadata"], pod.get("status") or {}
+        if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        if _is_ready(pod):
+            if status.get("podIP"):
+                groups.ready.append(PodRef(meta["name"], meta["namespace"], status["podIP"], _port(pod)))
+            else:
+                groups.ready_without_ip.append(meta["name"])
+            continue
+        since = _started_at(pod)
+        if since is None or now - since <= startup_budget(pod):
+            groups.starting.append(meta["name"])
+        else:
+            groups.stuck.append(meta["name"])
+    return groups
+
+
+# --------------------------------------------------------------------------- events
+def post_event(kube: Kube, body: dict[str, Any], type_: str, reason: str, message: str, now: float) -> None:
+    meta = body["metadata"]
+    stamp = _now_iso(now)
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta["uid"]},
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+    try:
+        kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
+    except ApiError as e:  # best effort: never fail a tick for an event
+        log.warning("could not record event %s: %s", reason, e)
+
+
+# --------------------------------------------------------------------------- sources
+class Sources:
+    """The metrics sources, shared by every server's loop (one scrape pool, one client per Prometheus)."""
+
+    def __init__(self, default_prometheus_url: Optional[str] = None, pods: Optional[MetricsSource] = None,
+                 prometheus: Callable[[str], MetricsSource] = PrometheusSource):
+        self.default_prometheus_url = default_prometheus_url
+        self.pods = pods or PodsSource()
+        self._prometheus_factory = prometheus
+        self._prometheus: dict[str, MetricsSource] = {}
+        self._lock = threading.Lock()
+
+    def for_spec(self, spec: api.AutoscalingSpec) -> tuple[Optional[MetricsSource], str]:
+        """The source a spec asks for, and a short description for reasons (or None and why not)."""
+        if spec.source == "Pods":
+            return self.pods, "pods' /metrics"
+        url = spec.prometheus_url or self.default_prometheus_url
+        if not url:
+            return None, "source: Prometheus needs prometheusURL or the operator's --prometheus-url"
+        with self._lock:
+            if url not in self._prometheus:
+                self._prometheus[url] = self._prometheus_factory(url)
+            return self._prometheus[url], f"Prometheus {url}"
+
+
+# --------------------------------------------------------------------------- one server's loop
+@dataclass
+class TickResult:
+    """What one tick saw and did (for logs and tests)."""
+
+    decision: Optional[policy.Decision] = None
+    current: Optional[int] = None
+    scaled: bool = False
+    status_written: bool = False
+    note: str = ""
+
+
+def autoscaling_problems(name: str, spec: api.VLLMServerSpec, default_prometheus_url: Optional[str]) -> list[str]:
+    return [str(p) for p in planner.check_spec(name, spec, default_prometheus_url=default_prometheus_url)
+            if p.field.startswith("spec.autoscaling")]
+
+
+class Autoscaler:
+    """The state of one server's loop (recommendation history) and its tick."""
+
+    def __init__(self, kube: Kube, sources: Sources, namespace: str, name: str,
+                 clock: Callable[[], float] = time.time):
+        self.kube = kube
+        self.sources = sources
+        self.namespace = namespace
+        self.name = name
+        self.clock = clock
+        self.history: policy.History = []
+        self._missing_since: dict[str, float] = {}
+        self._last_written: Optional[dict[str, Any]] = None
+        self._last_write_at = 0.0
+
+    # ---- the tick
+    def tick(self, body: dict[str, Any]) -> TickResult:
+        now = self.clock()
+        spec, errors = pipeline.parse_spec(body.get("spec") or {})
+        if spec is None:
+            return self._report(body, None, now, "InvalidSpec", "; ".join(errors))
+        a = spec.autoscaling
+        if not (a.enabled and a.mode == "Operator"):
+            return TickResult(note="autoscaling is not run by the operator for this spec")
+        problems = autoscaling_problems(self.name, spec, self.sources.default_prometheus_url)
+        if spec.workload != "StatefulSet":
+            problems.append("autoscaling needs workload: StatefulSet")
+        if problems:
+            return self._report(body, None, now, "InvalidSpec", "; ".join(problems))
+
+        sts = self.kube.get("apps/v1", "StatefulSet", self.namespace, self.name)
+        uid = body["metadata"]["uid"]
+        if sts is None or sts["metadata"].get("deletionTimestamp"):
+            return self._report(body, None, now, "NoWorkload", "the StatefulSet does not exist yet")
+        if not any(o.get("uid") == uid and o.get("controller") for o in sts["metadata"].get("ownerReferences") or []):
+            return self._report(body, None, now, "NoWorkload",
+                                f"StatefulSet {self.name} is not controlled by this VLLMServer; not touching it")
+        current = (sts.get("spec") or {}).get("replicas", 1)
+
+        pods = self.kube.list("v1", "Pod", self.namespace, label_selector=builders.selector_string(self.name))
+        groups = classify_pods(pods, now)
+        starting = len(groups.starting) + self._missing_replicas(current, pods, now)
+        source, described = self.sources.for_spec(a)
+        if source is None:
+            return self._report(body, None, now, "InvalidSpec", described)
+        samples: list[Sample] = source.read(groups.ready) if groups.ready else []
+        ready = len(groups.ready) + len(groups.ready_without_ip)
+        if not self.history:
+            # After a (re)start the past window is unknown: count it as a recommendation of the current
+            # count made just before the scale-up window, so it delays a scale-down (never on no data)
+            # but not a scale-up.
+            self.history = [(now - a.scale_up_stabilization_seconds - 0.001, current)]
+        decision = policy.decide(samples, current, ready, starting, a, self.history, now)
+        if decision.hold and groups.ready_without_ip:
+            decision = policy.Decision(decision.desired, decision.reason + f"; ready without an IP: "
+                                       f"{', '.join(groups.ready_without_ip)}", None, hold=True,
+                                       code=decision.code, recommendation=decision.recommendation)
+        self.history = policy.record(self.history, now, decision, a, a.interval_seconds)
+
+        result = TickResult(decision=decision, current=current)
+        direction = "hold" if decision.desired == current else ("up" if decision.desired > current else "down")
+        operator_metrics.record_scaling_decision(self.namespace, self.name, direction)
+        last_scale = (body.get("status") or {}).get("autoscaling", {}).get("lastScaleTime")
+        if decision.desired != current:
+            self.kube.apply({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                             "metadata": {"name": self.name, "namespace": self.namespace},
+                             "spec": {"replicas": decision.desired}}, field_manager=FIELD_MANAGER)
+            result.scaled = True
+            last_scale = _now_iso(now)
+            up = decision.desired > current
+            post_event(self.kube, body, "Normal", "ScaledUp" if up else "ScaledDown",
+                       f"{current} -> {decision.desired} replicas ({described}): {decision.reason}", now)
+            log.info("%s/%s: %s", self.namespace, self.name, decision.reason)
+        status = self._status(decision, samples, last_scale)
+        result.status_written = self._write(body, status, decision, now, described)
+        return result
+
+    def _missing_replicas(self, current: int, pods: list[dict[str, Any]], now: float) -> int:
+        """Replicas the StatefulSet wants whose pod does not exist yet (the controller creates
+        them within a second or so); on their way for MISSING_POD_GRACE_SECONDS at most."""
+        names = {p["metadata"]["name"] for p in pods}
+        wanted = {f"{self.name}-{i}" for i in range(current)}
+        missing = wanted - names
+        self._missing_since = {n: self._missing_since.get(n, now) for n in missing}
+        return sum(1 for t in self._missing_since.values() if now - t <= MISSING_POD_GRACE_SECONDS)
+
+    # ---- status
+    @staticmethod
+    def _status(decision: policy.Decision, samples: list[Sample], last_scale: Optional[str]) -> dict[str, Any]:
+        st: dict[str, Any] = {"desiredReplicas": decision.desired, "reason": decision.reason}
+        ok = [s for s in samples if s.ok]
+        if decision.metric_value is not None and not decision.hold:
+            st["metricValue"] = round(decision.metric_value, 3)
+            st["waiting"] = round(sum(s.waiting for s in ok), 3)
+            st["running"] = round(sum(s.running for s in ok), 3)
+            kv = [s.kv_cache_usage for s in ok if s.kv_cache_usage is not None]
+            if kv:
+                st["kvCacheUsage"] = round(sum(kv) / len(kv), 4)
+        if last_scale:
+            st["lastScaleTime"] = last_scale
+        return st
+
+    def _conditions(self, body: dict[str, Any], decision: Optional[policy.Decision], now: float,
+                    code: str, message: str) -> list[dict[str, Any]]:
+        live = list((body.get("status") or {}).get("conditions") or [])
+        gen = body["metadata"].get("generation")
+        stamp = _now_iso(now)
+        if decision is None or decision.hold:
+            conds = set_condition(live, ACTIVE, "False", code, message, gen, stamp)
+        else:
+            conds = set_condition(live, ACTIVE, "True", code, message, gen, stamp)
+        if decision is not None and not decision.hold:
+            if decision.limited:
+                at = "AtMaxReplicas" if decision.limit_reason.startswith("at max") else "AtMinReplicas"
+                conds = set_condition(conds, LIMITED, "True", at, decision.limit_reason, gen, stamp)
+            else:
+                conds = set_condition(conds, LIMITED, "False", "WithinRange",
+                                      f"{decision.desired} replicas is within [minReplicas, maxReplicas]", gen, stamp)
+        # While holding, AutoscalingLimited keeps what it said (it is sent again as it is, so it stays).
+        return [c for c in conds if c["type"] in CONDITIONS]
+
+    def _report(self, body: dict[str, Any], decision: Optional[policy.Decision], now: float, code: str,
+                message: str) -> TickResult:
+        """Status when the loop cannot decide at all (invalid spec, no workload)."""
+        status = {"reason": message}
+        prior = (body.get("status") or {}).get("autoscaling") or {}
+        for key in ("desiredReplicas", "lastScaleTime"):
+            if key in prior:
+                status[key] = prior[key]
+        return TickResult(note=message, status_written=self._write(body, status, decision, now, "", code=code,
+                                                                   message=message))
+
+    def _write(self, body: dict[str, Any], autoscaling: dict[str, Any], decision: Optional[policy.Decision],
+               now: float, described: str, code: str = "", message: str = "") -> bool:
+        if decision is not None:
+            code = decision.code
+            message = decision.reason + (f" (metrics: {described})" if described else "")
+        conditions = self._conditions(body, decision, now, code, message)
+        new = {"autoscaling": autoscaling, "conditions": conditions}
+        live_status = body.get("status") or {}
+        live = {"autoscaling": live_status.get("autoscaling") or {},
+                "conditions": [c for c in live_status.get("conditions") or [] if c.get("type") in CONDITIONS]}
+
+        def signature(s: dict[str, Any]) -> tuple:
+            au = s["autoscaling"]
+            return (au.get("desiredReplicas"), au.get("lastScaleTime"), "metricValue" in au,
+                    tuple(sorted((c["type"], c.get("status"), c.get("reason")) for c in s["conditions"])))
+
+        if new == live or new == self._last_written and now - self._last_write_at < STATUS_REFRESH_SECONDS:
+            return False
+        if signature(new) == signature(live) and now - self._last_write_at < STATUS_REFRESH_SECONDS:
+            return False  # only numbers moved: refresh later
+        old_active = next((c for c in live["conditions"] if c["type"] == ACTIVE), None)
+        new_active = next((c for c in conditions if c["type"] == ACTIVE), None)
+        meta = body["metadata"]
+        self.kube.apply({"apiVersion": api.API_VERSION, "kind": api.KIND,
+                         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                         "status": new}, subresource="status", field_manager=FIELD_MANAGER)
+        self._last_written, self._last_write_at = new, now
+        if (new_active and new_active["status"] == "False" and new_active["reason"] == policy.METRICS_UNAVAILABLE
+                and (old_active is None or old_active.get("reason") != policy.METRICS_UNAVAILABLE)):
+            post_event(self.kube, body, "Warning", policy.METRICS_UNAVAILABLE, new_active["message"], now)
+        return True
+
+
+# --------------------------------------------------------------------------- the kopf daemon
+@dataclass
+class Context:
+    kube: Kube
+    sources: Sources
+    executor: ThreadPoolExecutor
+
+
+CONTEXT: Optional[Context] = None
+
+
+async def autoscaler_daemon(stopped: Any, namespace: str, name: str, body: Any, logger: Any, **_: Any) -> None:
+    """One server's loop, until autoscaling is switched off, the server deleted, or the operator stops."""
+    ctx = CONTEXT
+    assert ctx is not None, "autoscaler not registered"
+    scaler = Autoscaler(ctx.kube, ctx.sources, namespace, name)
+    loop = asyncio.get_running_loop()
+    logger.info("autoscaler started for %s/%s", namespace, name)
+    while not stopped:
+        started = loop.time()
+        snapshot = copy.deepcopy(dict(body))  # kopf updates `body` in place on this thread
+        try:
+            result = await loop.run_in_executor(ctx.executor, scaler.tick, snapshot)
+            if result.scaled and result.decision is not None:
+                logger.info("%s", result.decision.reason)
+        except Exception as e:  # noqa: BLE001 - a failed tick is retried at the next interval
+            logger.warning("autoscaler tick for %s/%s failed: %s", namespace, name, e)
+        interval = ((body.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds", 5)
+        await stopped.wait(max(0.05, float(interval) - (loop.time() - started)))
+    reason = getattr(stopped, "reason", None)
+    if reason is not None and reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH:
+        # Autoscaling was switched off (or handed to an HPA/KEDA): its status no longer applies.
+        try:
+            if has_status(dict(body).get("status") or {}):
+                await loop.run_in_executor(ctx.executor, clear_status, ctx.kube, copy.deepcopy(dict(body)))
+        except Exception as e:  # noqa: BLE001 - the reconciler clears it at its next pass too
+            logger.warning("could not clear the autoscaler's status: %s", e)
+    logger.info("autoscaler stopped for %s/%s", namespace, name)
+
+
+def register(kube: Kube, default_prometheus_url: Optional[str] = None, *, workers: int = 4) -> Context:
+    """Register the per-server daemon with kopf (before kopf.run) and share one context."""
+    global CONTEXT
+    CONTEXT = Context(kube=Kube(kube.api, field_manager=FIELD_MANAGER, timeout=10.0),
+                      sources=Sources(default_prometheus_url),
+                      executor=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autoscaler"))
+    kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="autoscaler", when=runs_operator_loop,
+                cancellation_timeout=30.0)(autoscaler_daemon)
+    return CONTEXT

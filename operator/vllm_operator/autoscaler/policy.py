@@ -1,0 +1,206 @@
+"""Decide the replica count from vLLM's queue. Pure: no I/O, no clock; every rule is table-tested.
+
+The rules, in the order `decide` applies them:
+
+1. Bounds first: a count outside [minReplicas, maxReplicas] (the spec changed) is clamped.
+2. Missing data holds: no ready replica, or any ready replica without a sample (scrape
+   failed, Prometheus down, stale or partial answer) -> keep the current count. Never scale
+   on data we do not have; a hold is also recorded as a recommendation of the current
+   count, so a scale-down needs a full window of good data after the data comes back.
+3. The HPA's ratio: ``ratio = (waiting per ready replica) / targetWaitingPerReplica``;
+   within the tolerance (10%) the recommendation is the current count, else
+   ``ceil(ratio x ready)`` = ``ceil(total waiting / target)``. Pods still loading never
+   count in the average: they have no queue yet.
+4. Stabilization, as the HPA does it: scale up to the *lowest* recommendation of the last
+   scaleUpStabilizationSeconds (0: at once), scale down only to the *highest* of the last
+   scaleDownStabilizationSeconds.
+5. Capacity on the way: while replicas are still starting (scheduled, loading the model),
+   no further scale-up. The queue keeps growing while a model loads for minutes; acting on
+   that growth would add replica after replica (a cascade) for a backlog the replicas
+   already on their way will serve.
+6. A bounded step: at most max(4, 100%) more replicas per decision (the HPA's default).
+7. Clamp to [minReplicas, maxReplicas]; ``limited`` says the recommendation was cut.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..api import AutoscalingSpec
+from .metrics import Sample
+
+#: The HPA's tolerance: no change while the ratio is within 10% of 1.
+TOLERANCE = 0.1
+#: Scale up by at most max(MIN_SCALE_UP_STEP replicas, SCALE_UP_PERCENT% of current) per decision.
+MIN_SCALE_UP_STEP = 4
+SCALE_UP_PERCENT = 100
+
+#: Decision codes (the AutoscalingActive condition's reason).
+SCALE_UP = "ScaleUp"
+SCALE_DOWN = "ScaleDown"
+STEADY = "Steady"
+WITHIN_TOLERANCE = "WithinTolerance"
+STABILIZING_UP = "ScaleUpStabilizing"
+STABILIZING_DOWN = "ScaleDownStabilizing"
+WAITING_FOR_STARTING = "WaitingForStartingReplicas"
+AT_LIMIT = "AtLimit"
+OUT_OF_BOUNDS = "OutOfBounds"
+METRICS_UNAVAILABLE = "MetricsUnavailable"
+NO_READY_REPLICAS = "NoReadyReplicas"
+
+History = list[tuple[float, int]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do, and why (the reason is written to status and events as is)."""
+
+    desired: int
+    reason: str
+    metric_value: Optional[float]
+    """Average requests waiting per ready replica; None when the metrics were missing."""
+    limited: bool = False
+    """The recommendation was cut to minReplicas or maxReplicas."""
+    hold: bool = False
+    """Metrics were missing: the count is held, not decided."""
+    code: str = STEADY
+    recommendation: Optional[int] = None
+    """What the caller appends to its history for later stabilization (see `record`)."""
+    limit_reason: str = ""
+    """Why ``limited``: "at maxReplicas 4 (recommendation 9)" or the minReplicas equivalent."""
+
+
+def clamp(n: int, spec: AutoscalingSpec) -> int:
+    return max(spec.min_replicas, min(n, bounds(spec)[1]))
+
+
+def bounds(spec: AutoscalingSpec) -> tuple[int, int]:
+    lo = spec.min_replicas
+    return lo, max(lo, spec.max_replicas or lo)
+
+
+def record(history: History, now: float, decision: Decision, spec: AutoscalingSpec,
+           interval: float = 0.0) -> History:
+    """The history with this decision's recommendation appended and entries older than the
+    longest stabilization window (plus one interval) dropped."""
+    keep = max(spec.scale_up_stabilization_seconds, spec.scale_down_stabilization_seconds) + interval
+    kept = [(t, r) for t, r in history if now - t <= keep]
+    if decision.recommendation is not None:
+        kept.append((now, decision.recommendation))
+    return kept
+
+
+def _num(x: float) -> str:
+    return f"{x:.2f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, spec: AutoscalingSpec,
+           history: History, now: float) -> Decision:
+    """The replica count to run now, for a StatefulSet at `current` replicas of which `ready`
+    serve (one sample each, in `samples`) and `starting` are still on their way."""
+    lo, hi = bounds(spec)
+    target = spec.target_waiting_per_replica
+
+    # 1. bounds (the spec changed under us)
+    if current < lo or current > hi:
+        desired = clamp(current, spec)
+        which = f"minReplicas {lo}" if current < lo else f"maxReplicas {hi}"
+        reason = f"{current} replicas is outside [{lo}, {hi}]: set to {which}"
+        return Decision(desired, reason, None, limited=True, code=OUT_OF_BOUNDS, recommendation=desired,
+                        limit_reason=f"at {which}")
+
+    # 2. missing data holds
+    failed = [s for s in samples if not s.ok]
+    if ready == 0 or not samples:
+        on_way = f" ({_plural(starting, 'replica')} starting)" if starting else ""
+        return Decision(current, f"no ready replica to read metrics from{on_way}: holding {current}", None,
+                        hold=True, code=NO_READY_REPLICAS, recommendation=current)
+    if failed or len(samples) != ready:
+        what = [f"{s.pod} ({s.error})" for s in failed]
+        if len(samples) != ready:
+            what.append(f"{ready - len(samples)} ready replica(s) without an address")
+        return Decision(current, f"holding {current}: metrics missing for " + "; ".join(what)
+                        + " (never scales on missing data)", None, hold=True, code=METRICS_UNAVAILABLE,
+                        recommendation=current)
+
+    # 3. the ratio
+    waiting = sum(s.waiting for s in samples)
+    avg = waiting / ready
+    ratio = avg / target
+    measured = (f"{_num(avg)} waiting per ready replica ({_num(waiting)} over {ready} ready) "
+                f"vs target {_num(target)}")
+    within = abs(ratio - 1.0) <= TOLERANCE + 1e-9  # 2.2 / 2 is 1.1000000000000003
+    if within:
+        recommendation = current
+    else:
+        # ceil(ratio x ready) == ceil(total / target); round first so 6/2 is 3, not 3.0000000001.
+        recommendation = math.ceil(round(waiting / target, 9))
+
+    # 4. stabilization
+    up_window = [r for t, r in history if now - t <= spec.scale_up_stabilization_seconds] + [recommendation]
+    down_window = [r for t, r in history if now - t <= spec.scale_down_stabilization_seconds] + [recommendation]
+    up, down = min(up_window), max(down_window)
+    if up > current:
+        stabilized = up
+    elif down < current:
+        stabilized = down
+    else:
+        stabilized = current
+
+    def result(desired: int, reason: str, code: str, wanted: Optional[int] = None) -> Decision:
+        # `wanted`: what the queue asked for when a bound cut it (None: not cut).
+        limit = ""
+        if wanted is not None and wanted > hi:
+            limit = f"at maxReplicas {hi} (recommendation {wanted})"
+        elif wanted is not None and wanted < lo:
+            limit = f"at minReplicas {lo} (recommendation {wanted})"
+        return Decision(desired, reason, avg, limited=bool(limit), code=code, recommendation=recommendation,
+                        limit_reason=limit)
+
+    if stabilized == current:
+        if recommendation > current == hi:
+            return result(current, f"{measured}: recommends {recommendation}; at maxReplicas {hi}", AT_LIMIT,
+                          recommendation)
+        if recommendation < current == lo:
+            return result(current, f"{measured}: recommends {recommendation}; at minReplicas {lo}", AT_LIMIT,
+                          recommendation)
+        if recommendation > current:
+            return result(current, f"{measured}: recommends {recommendation}, but not for the whole "
+                          f"{spec.scale_up_stabilization_seconds}s scale-up window; keeping {current}", STABILIZING_UP)
+        if recommendation < current:
+            return result(current, f"{measured}: recommends {recommendation}, but {down} within "
+                          f"the last {spec.scale_down_stabilization_seconds}s; keeping {current}", STABILIZING_DOWN)
+        code = WITHIN_TOLERANCE if within else STEADY
+        return result(current, f"{measured}: keeping {current}", code)
+
+    if stabilized > current:
+        if current >= hi:
+            return result(current, f"{measured}: recommends {stabilized}; at maxReplicas {hi}", AT_LIMIT, stabilized)
+        # 5. capacity on the way
+        if starting > 0:
+            return result(current, f"{measured}: recommends {min(stabilized, hi)}, but {_plural(starting, 'replica')} "
+                          f"still starting count as capacity on the way; no further scale-up until "
+                          f"{'it is' if starting == 1 else 'they are'} ready", WAITING_FOR_STARTING)
+        # 6. bounded step, 7. clamp
+        step = max(MIN_SCALE_UP_STEP, math.ceil(current * SCALE_UP_PERCENT / 100))
+        desired = min(stabilized, current + step, hi)
+        why = ""
+        if desired < min(stabilized, hi):
+            why = f" (at most +{step} per decision)"
+        elif stabilized > hi:
+            why = f" (capped at maxReplicas {hi})"
+        return result(desired, f"scale up {current} -> {desired}: {measured}{why}", SCALE_UP,
+                      stabilized if stabilized > hi else None)
+
+    desired = max(stabilized, lo)
+    if desired == current:
+        return result(current, f"{measured}: recommends {stabilized}; at minReplicas {lo}", AT_LIMIT, stabilized)
+    window = (f" for {spec.scale_down_stabilization_seconds}s" if spec.scale_down_stabilization_seconds else "")
+    return result(desired, f"scale down {current} -> {desired}: {measured}{window}", SCALE_DOWN,
+                  stabilized if stabilized < lo else None)

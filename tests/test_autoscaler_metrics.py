@@ -1,0 +1,211 @@
+"""Metrics sources and the actuator's pure parts: parsing vLLM's /metrics, the Prometheus query,
+sorting pods into ready/starting/stuck, and who owns a StatefulSet's replicas."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from vllm_operator.autoscaler import actuator, ownership
+from vllm_operator.autoscaler.metrics import (PodRef, PodsSource, PrometheusSource, parse_vllm_metrics,
+                                              queue_query)
+
+# The shape vLLM 0.32's /metrics has (two engines of a data-parallel server).
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 2.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 1.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 5.0
+vllm:num_requests_waiting{engine="1",model_name="tiny"} 3.0
+# HELP vllm:kv_cache_usage_perc KV-Cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="tiny"} 0.25
+# HELP vllm:num_requests_waiting_by_reason Requests waiting, by reason.
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacity"} 5.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="tiny"} 1234.0
+"""
+
+
+def test_parse_sums_over_engines_and_averages_kv_cache():
+    s = parse_vllm_metrics("p", VLLM_METRICS, 7.0)
+    assert (s.ok, s.waiting, s.running, s.kv_cache_usage, s.scraped_at) == (True, 8.0, 3.0, 0.375, 7.0)
+
+
+def test_parse_old_kv_cache_name_and_missing_gauges():
+    old = VLLM_METRICS.replace("kv_cache_usage_perc", "gpu_cache_usage_perc")
+    assert parse_vllm_metrics("p", old, 0).kv_cache_usage == 0.375
+    s = parse_vllm_metrics("p", "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n", 0)
+    assert not s.ok and "no vllm:num_requests_waiting" in s.error
+    s = parse_vllm_metrics("p", "vllm:num_requests_waiting{engine=0 5\n", 0)
+    assert not s.ok and "Prometheus text format" in s.error
+
+
+class _Handler(BaseHTTPRequestHandler):
+    delay = 0.0
+
+    def do_GET(self):  # noqa: N802
+        time.sleep(self.delay)
+        body = VLLM_METRICS.encode() if self.path == "/metrics" else b"no"
+        try:
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:  # the scraper gave up (timeout): nothing to answer
+            pass
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    servers = []
+
+    def start(delay=0.0):
+        handler = type("H", (_Handler,), {"delay": delay})
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        srv.daemon_threads, srv.block_on_close = True, False
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return srv.server_address[1]
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_pods_source_scrapes_concurrently_and_reports_each_failure(metrics_server):
+    fast, slow = metrics_server(), metrics_server(delay=3.0)
+    another = metrics_server()
+    source = PodsSource(timeout=1.0)
+    pods = [PodRef("a", "ns", "127.0.0.1", fast), PodRef("b", "ns", "127.0.0.1", slow),
+            PodRef("c", "ns", "127.0.0.1", 1), PodRef("d", "ns", "127.0.0.1", another)]
+    t0 = time.monotonic()
+    a, b, c, d = source.read(pods)
+    took = time.monotonic() - t0
+    source.close()
+    assert took < 2.5, "scrapes run at once, each bounded by the timeout"
+    assert (a.pod, a.ok, a.waiting, a.running) == ("a", True, 8.0, 3.0)
+    assert not b.ok and b.error == f"GET http://127.0.0.1:{slow}/metrics: timed out"
+    assert not c.ok and c.error == "GET http://127.0.0.1:1/metrics: connection refused"
+    assert d.ok
+
+
+def test_prometheus_query_is_scoped_to_namespace_and_pods():
+    q = queue_query([PodRef("srv-1", "team-a", "x"), PodRef("srv-0", "team-a", "y")])
+    sel = 'namespace="team-a",pod=~"srv-0|srv-1"'
+    assert f"sum by (pod) (vllm:num_requests_waiting{{{sel}}})" in q
+    assert f"sum by (pod) (vllm:num_requests_running{{{sel}}})" in q
+    assert f"avg by (pod) (vllm:kv_cache_usage_perc{{{sel}}})" in q
+    assert f"time() - max by (pod) (timestamp(vllm:num_requests_waiting{{{sel}}}))" in q
+    assert q.count(" or ") == 3
+
+
+class FakeProm:
+    def __init__(self, result=None, error=None):
+        self.result, self.error, self.queries = result, error, []
+
+    def custom_query(self, query):
+        self.queries.append(query)
+        if self.error:
+            raise self.error
+        return self.result
+
+
+def _series(pod, q, value):
+    return {"metric": {"pod": pod, "q": q}, "value": [1700000000.0, str(value)]}
+
+
+def test_prometheus_source_marks_missing_and_stale_pods_not_ok():
+    prom = FakeProm([_series("s-0", "waiting", 4), _series("s-0", "running", 2), _series("s-0", "kv", 0.3),
+                     _series("s-0", "age", 1.5), _series("s-1", "waiting", 0), _series("s-1", "age", 300)])
+    source = PrometheusSource("http://prom:9090/", connect=lambda *a, **k: prom)
+    s0, s1, s2 = source.read([PodRef("s-0", "ns", "ip"), PodRef("s-1", "ns", "ip"), PodRef("s-2", "ns", "ip")])
+    assert (s0.ok, s0.waiting, s0.running, s0.kv_cache_usage) == (True, 4.0, 2.0, 0.3)
+    assert not s1.ok and "300s old" in s1.error
+    assert not s2.ok and "has no vllm:num_requests_waiting for this pod" in s2.error
+    assert len(prom.queries) == 1
+
+
+def test_prometheus_down_fails_every_pod_with_the_reason():
+    err = ConnectionError("HTTPConnectionPool(host='127.0.0.1', port=9): Max retries exceeded "
+                          "(Caused by NewConnectionError(... [Errno 111] Connection refused))")
+    source = PrometheusSource("http://127.0.0.1:9", connect=lambda *a, **k: FakeProm(error=err))
+    samples = source.read([PodRef("s-0", "ns", "ip"), PodRef("s-1", "ns", "ip")])
+    assert [s.ok for s in samples] == [False, False]
+    assert samples[0].error == "Prometheus http://127.0.0.1:9 did not answer: connection refused"
+    assert source.read([]) == []
+
+
+def test_prometheus_source_with_the_real_client_against_nothing():
+    source = PrometheusSource("http://127.0.0.1:1", timeout=1.0)
+    t0 = time.monotonic()
+    [s] = source.read([PodRef("s-0", "ns", "ip")])
+    assert not s.ok and "connection refused" in s.error
+    assert time.monotonic() - t0 < 1.0, "no retries with backoff: the next tick is the retry"
+
+
+# --------------------------------------------------------------------------- pods
+def _pod(name, ready=None, ip="10.0.0.1", age=10.0, now=10_000.0, deleting=False, probe=(10, 30), phase="Running"):
+    stamp = actuator._now_iso(now - age)
+    pod = {"metadata": {"name": name, "namespace": "ns", "creationTimestamp": stamp},
+           "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]}]},
+           "status": {"phase": phase}}
+    if probe:
+        pod["spec"]["containers"][0]["startupProbe"] = {"periodSeconds": probe[0], "failureThreshold": probe[1]}
+    if ready is not None:
+        pod["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+        pod["status"]["podIP"] = ip
+    if deleting:
+        pod["metadata"]["deletionTimestamp"] = stamp
+    return pod
+
+
+def test_classify_pods():
+    now = 10_000.0
+    pods = [_pod("s-0", ready=True, ip="10.0.0.7"), _pod("s-1", ready=False, age=100),
+            _pod("s-2", ready=False, age=400), _pod("s-3", ready=None, age=5), _pod("s-4", ready=True, deleting=True),
+            _pod("s-5", ready=False, phase="Failed"), _pod("s-6", ready=False, age=700, probe=None)]
+    g = actuator.classify_pods(pods, now)
+    assert g.ready == [PodRef("s-0", "ns", "10.0.0.7", 8000)]
+    assert g.starting == ["s-1", "s-3"], "within 10 s x 30 of the startup probe"
+    assert g.stuck == ["s-2", "s-6"], "not Ready beyond the startup budget (600 s without a probe)"
+
+
+def test_replicas_owners_from_managed_fields():
+    sts = {"metadata": {"managedFields": [
+        {"manager": "vllm-operator", "operation": "Apply",
+         "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {}}}},
+        {"manager": ownership.FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:spec": {"f:replicas": {}}}},
+        {"manager": "kube-controller-manager", "operation": "Update", "fieldsV1": {"f:status": {}}},
+    ]}}
+    assert ownership.replicas_owners(sts) == {"vllm-operator", ownership.FIELD_MANAGER}
+    assert ownership.replicas_owners({"metadata": {}}) == set()
+
+
+def test_has_status():
+    assert not ownership.has_status({"conditions": [{"type": "Ready"}]})
+    assert ownership.has_status({"conditions": [{"type": "AutoscalingActive"}]})
+    assert ownership.has_status({"autoscaling": {}})
+
+
+def test_daemon_filter():
+    f = actuator.runs_operator_loop
+    assert f({"autoscaling": {"enabled": True}})
+    assert f({"autoscaling": {"enabled": True, "mode": "Operator"}, "workload": "StatefulSet"})
+    assert not f({"autoscaling": {"enabled": True, "mode": "HPA"}})
+    assert not f({"autoscaling": {"enabled": False}})
+    assert not f({"autoscaling": {"enabled": True}, "workload": "DaemonSet"})
+    assert not f({})
