@@ -58,10 +58,23 @@ def test_schema_carries_enums_ranges_required_and_defaults():
     assert props["engine"]["properties"]["gpuMemoryUtilization"]["maximum"] == 1.0
     assert props["autoscaling"]["properties"]["source"]["enum"] == ["Pods", "Prometheus"]
     assert props["workloadProfile"]["properties"]["priority"]["enum"] == ["latency", "balanced", "throughput"]
-    assert props["gpu"]["properties"]["memory"]["x-kubernetes-int-or-string"] is True
-    # the only free-form field is affinity, passed through to the pod as is
-    free = [p for p, n in _walk(crd.openapi_schema()) if n.get("x-kubernetes-preserve-unknown-fields")]
+    assert props["gpu"]["properties"]["memory"]["pattern"] == api.QUANTITY_PATTERN
+    # the only free-form field is affinity, passed through to the pod as is (quantities keep a pattern)
+    free = [p for p, n in _walk(crd.openapi_schema())
+            if n.get("x-kubernetes-preserve-unknown-fields") and "pattern" not in n]
     assert free == ["$.spec.affinity"]
+
+
+def test_no_int_or_string_so_server_side_apply_merges_conditions_by_type():
+    """kube-apiserver < 1.21 falls back to atomic lists for a whole CRD holding int-or-string
+    (kubernetes#90902): the reconciler's and the autoscaler's conditions would replace each other."""
+    schema = crd.openapi_schema()
+    assert not [p for p, n in _walk(schema) if n.get("x-kubernetes-int-or-string")]
+    for path, node in _walk(schema):
+        if node.get("x-kubernetes-preserve-unknown-fields") and "pattern" in node:
+            assert node["pattern"] == api.QUANTITY_PATTERN, path
+    conditions = schema["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map" and conditions["x-kubernetes-list-map-keys"] == ["type"]
 
 
 def test_every_field_has_a_description():

@@ -73,11 +73,17 @@ def _int_to_str(value: Any) -> Any:
 
 
 #: A Kubernetes quantity: a string like "24Gi" (plain numbers are accepted too).
+#: The CRD marks it x-kubernetes-preserve-unknown-fields, not x-kubernetes-int-or-string: a
+#: kube-apiserver before 1.21 cannot build server-side apply's schema for a CRD holding
+#: int-or-string (kubernetes#90902) and then treats every list of the resource as atomic, so
+#: status.conditions written by the reconciler and by the autoscaler (two field managers)
+#: would replace each other. The pattern still checks strings and numbers pass; the
+#: operator refuses anything else with a SpecValid message.
 Quantity = Annotated[
     str,
     BeforeValidator(_int_to_str),
     AfterValidator(_check_quantity),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True, "pattern": QUANTITY_PATTERN}),
 ]
 
 #: A free-form Kubernetes object we pass through verbatim (e.g. affinity).
@@ -348,7 +354,8 @@ class Condition(_Model):
 
     model_config = ConfigDict(extra="ignore")
     type: str
-    """Condition type: Ready, Progressing, Degraded, SpecValid, AutoscalingActive."""
+    """Condition type: SpecValid, Ready, Progressing, Degraded, ExternalScaler (the reconciler's);
+    AutoscalingActive, AutoscalingLimited (the autoscaler's)."""
     status: Literal["True", "False", "Unknown"]
     """True, False or Unknown."""
     reason: str = ""
@@ -435,7 +442,7 @@ class VLLMServerStatus(_Model):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """Ready, Progressing, Degraded, SpecValid (and autoscaling conditions)."""
+    """SpecValid, Ready, Progressing, Degraded, ExternalScaler, AutoscalingActive, AutoscalingLimited."""
     replicas: Optional[int] = None
     """Pods the workload wants."""
     ready_replicas: Optional[int] = Field(None, alias="readyReplicas")
