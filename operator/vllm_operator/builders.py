@@ -266,7 +266,87 @@ def build_pdb(plan: Plan, owner: Optional[dict] = None, *, api_version: str = "p
     }
 
 
-def build_all(plan: Plan, owner: Optional[dict] = None, *, pdb_api_version: str = "policy/v1") -> list[dict[str, Any]]:
+# --------------------------------------------------------------------------- other scalers
+#: The metric every scaler reads: requests queued inside vLLM, per pod.
+QUEUE_METRIC = "vllm:num_requests_waiting"
+#: The HPA's own default scale-up limits, written out: max(4 pods, 100%) per 15 s (as the operator's loop).
+SCALE_UP_POLICIES = [{"type": "Pods", "value": 4, "periodSeconds": 15},
+                     {"type": "Percent", "value": 100, "periodSeconds": 15}]
+
+
+def scaler_quantity(value: float) -> str:
+    """A target as a Kubernetes quantity: 2.0 -> "2", 0.5 -> "500m"."""
+    milli = round(value * 1000)
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+
+
+def scaling_behavior(spec: api.VLLMServerSpec) -> dict[str, Any]:
+    """The HPA behavior matching the spec's stabilization windows."""
+    a = spec.autoscaling
+    return {
+        "scaleUp": {"stabilizationWindowSeconds": a.scale_up_stabilization_seconds, "selectPolicy": "Max",
+                    "policies": [dict(p) for p in SCALE_UP_POLICIES]},
+        "scaleDown": {"stabilizationWindowSeconds": a.scale_down_stabilization_seconds,
+                      "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]},
+    }
+
+
+def _scale_target(plan: Plan) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": plan.name}
+
+
+def build_hpa(plan: Plan, owner: Optional[dict] = None, *, api_version: str = "autoscaling/v2") -> dict[str, Any]:
+    """autoscaling.mode HPA: a HorizontalPodAutoscaler on the Pods metric vllm:num_requests_waiting
+    (served by prometheus-adapter), averageValue targetWaitingPerReplica. autoscaling/v2 and
+    v2beta2 have the same shape for these fields."""
+    a = plan.spec.autoscaling
+    return {
+        "apiVersion": api_version,
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": metadata(plan, plan.name, owner, component="autoscaler"),
+        "spec": {
+            "scaleTargetRef": _scale_target(plan),
+            "minReplicas": a.min_replicas,
+            "maxReplicas": max(a.min_replicas, a.max_replicas or a.min_replicas),
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": QUEUE_METRIC},
+                "target": {"type": "AverageValue", "averageValue": scaler_quantity(a.target_waiting_per_replica)},
+            }}],
+            "behavior": scaling_behavior(plan.spec),
+        },
+    }
+
+
+def scaled_object_query(plan: Plan) -> str:
+    """All requests waiting in this server's pods (KEDA divides by the replica count: AverageValue)."""
+    return f'sum({QUEUE_METRIC}{{namespace="{plan.namespace}",pod=~"{plan.name}-[0-9]+"}})'
+
+
+def build_scaled_object(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+    """autoscaling.mode KEDA: a ScaledObject with a Prometheus trigger on the same queue and target."""
+    a = plan.spec.autoscaling
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": metadata(plan, plan.name, owner, component="autoscaler"),
+        "spec": {
+            "scaleTargetRef": _scale_target(plan),
+            "pollingInterval": a.interval_seconds,
+            "minReplicaCount": a.min_replicas,
+            "maxReplicaCount": max(a.min_replicas, a.max_replicas or a.min_replicas),
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": scaling_behavior(plan.spec)}},
+            "triggers": [{"type": "prometheus", "metadata": {
+                "serverAddress": plan.prometheus_url or "",
+                "query": scaled_object_query(plan),
+                "threshold": f"{a.target_waiting_per_replica:g}",  # KEDA parses a float string
+                "metricType": "AverageValue",
+            }}],
+        },
+    }
+
+
+def build_all(plan: Plan, owner: Optional[dict] = None, *, pdb_api_version: str = "policy/v1",
+              hpa_api_version: str = "autoscaling/v2") -> list[dict[str, Any]]:
     """Every object one VLLMServer wants, in apply order. The plan must fit."""
     if not plan.fits:
         raise ValueError("cannot build objects for a plan with problems: " + "; ".join(map(str, plan.problems)))
@@ -279,4 +359,9 @@ def build_all(plan: Plan, owner: Optional[dict] = None, *, pdb_api_version: str 
         objects.append(build_daemonset(plan, owner))
     if wants_pdb(spec):
         objects.append(build_pdb(plan, owner, api_version=pdb_api_version))
+    if spec.autoscaling.enabled and spec.workload == "StatefulSet":
+        if spec.autoscaling.mode == "HPA":
+            objects.append(build_hpa(plan, owner, api_version=hpa_api_version))
+        elif spec.autoscaling.mode == "KEDA":
+            objects.append(build_scaled_object(plan, owner))
     return objects

@@ -20,6 +20,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from . import api, builders, metrics
+from .autoscaler import actuator
 from .kube import ApiError, Kube
 from .reconcile import Reconciler
 
@@ -58,8 +59,11 @@ def api_client() -> k8s.ApiClient:
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
     kube = Kube(client or api_client())
     pdb = "policy/v1" if kube.serves("policy/v1") else "policy/v1beta1"  # policy/v1 arrived in Kubernetes 1.21
+    # autoscaling/v2 arrived in 1.23; v2beta2 (same fields for what we emit) serves older clusters.
+    hpa = "autoscaling/v2" if kube.serves("autoscaling/v2") else "autoscaling/v2beta2"
     return Reconciler(kube, hf_endpoint=getattr(args, "hf_endpoint", None),
-                      prometheus_url=getattr(args, "prometheus_url", None), pdb_api_version=pdb)
+                      prometheus_url=getattr(args, "prometheus_url", None), pdb_api_version=pdb,
+                      hpa_api_version=hpa)
 
 
 def reconcile_result(result: Any) -> str:
@@ -146,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
     kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=args.resync_seconds, initial_delay=args.resync_seconds,
                sharp=False)(on_timer)
     STATE.reconciler = make_reconciler(args)
+    # One queue-based autoscaler loop per VLLMServer with autoscaling.mode Operator (autoscaler/actuator.py).
+    actuator.register(STATE.reconciler.kube, default_prometheus_url=getattr(args, "prometheus_url", None))
     namespaces = list(args.namespace)
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = getattr(args, "disable_scanning", False)

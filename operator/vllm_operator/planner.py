@@ -196,6 +196,8 @@ class Plan:
     cpu_request: int = 0
     startup_seconds: int = 0
     drain_seconds: int = 0
+    prometheus_url: Optional[str] = None
+    """The Prometheus the autoscaler (source: Prometheus) or a KEDA ScaledObject queries."""
     notes: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
@@ -332,6 +334,9 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         if a.source == "Prometheus" and a.mode == "Operator" and not (a.prometheus_url or default_prometheus_url):
             add("spec.autoscaling.prometheusURL", "source: Prometheus needs prometheusURL (or the operator's "
                 "--prometheus-url default)")
+        if a.mode == "KEDA" and not (a.prometheus_url or default_prometheus_url):
+            add("spec.autoscaling.prometheusURL", "mode: KEDA needs prometheusURL (or the operator's "
+                "--prometheus-url default): the ScaledObject's Prometheus trigger queries it")
     if spec.host_network and spec.workload != "DaemonSet":
         add("spec.hostNetwork", "only a DaemonSet may use the node's network (replicas of a StatefulSet would "
             "collide on port 8000)")
@@ -448,7 +453,8 @@ def plan(
     default_prometheus_url: Optional[str] = None,
 ) -> Plan:
     """Derive the vLLM args and estimates for one server. Pure; never raises on bad input."""
-    p = Plan(name=name, namespace=namespace, spec=spec, model=model)
+    p = Plan(name=name, namespace=namespace, spec=spec, model=model,
+             prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url)
     p.problems.extend(check_spec(name, spec, default_prometheus_url=default_prometheus_url))
     tp = p.tensor_parallel_size = spec.gpu.count
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, gpu)

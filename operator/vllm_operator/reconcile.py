@@ -13,10 +13,12 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from . import api, builders, pipeline
+from .autoscaler import ownership
 from .kube import ApiError, Kube
 
 log = logging.getLogger("vllm_operator.reconcile")
@@ -25,7 +27,10 @@ HASH_ANNOTATION = f"{api.GROUP}/desired-hash"
 #: Status fields this reconciler owns (server-side apply on /status under its field manager);
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan")
-OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded")
+OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler")
+KEDA_API_VERSION = "keda.sh/v1alpha1"
+#: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
+DISCOVERY_TTL_SECONDS = 30.0
 COMPONENT = "vllm-operator"
 
 
@@ -145,12 +150,22 @@ class Reconciler:
     hf_endpoint: Optional[str] = None
     prometheus_url: Optional[str] = None
     pdb_api_version: str = "policy/v1"
+    hpa_api_version: str = "autoscaling/v2"
     clock: Callable[[], str] = utcnow
     fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
+    _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
 
     def managed_kinds(self) -> list[tuple[str, str]]:
         return [("v1", "Service"), ("apps/v1", "StatefulSet"), ("apps/v1", "DaemonSet"),
-                (self.pdb_api_version, "PodDisruptionBudget")]
+                (self.pdb_api_version, "PodDisruptionBudget"), (self.hpa_api_version, "HorizontalPodAutoscaler"),
+                (KEDA_API_VERSION, "ScaledObject")]
+
+    def serves_keda(self) -> bool:
+        """Whether the cluster serves KEDA's ScaledObject (discovery, cached briefly: KEDA may be installed later)."""
+        now = time.monotonic()
+        if self._keda is None or now - self._keda[1] > DISCOVERY_TTL_SECONDS:
+            self._keda = (self.kube.serves(KEDA_API_VERSION), now)
+        return self._keda[0]
 
     # ---- entry point
     def reconcile(self, namespace: str, name: str) -> Optional[Result]:
@@ -198,7 +213,9 @@ class Reconciler:
             conditions = set_condition(conditions, "SpecValid", "True", "Planned",
                                        f"flags derived: {plan.max_model_len} tokens of context, "
                                        f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
-            desired = [with_hash(o) for o in builders.build_all(plan, body, pdb_api_version=self.pdb_api_version)]
+            desired = [with_hash(o) for o in builders.build_all(plan, body, pdb_api_version=self.pdb_api_version,
+                                                                hpa_api_version=self.hpa_api_version)]
+            conditions, desired = self._external_scaler(name, spec, desired, conditions, generation, now, result)
             live = self._live_children(namespace, name, meta["uid"])
             workload = None
             for obj in desired:
@@ -206,7 +223,14 @@ class Reconciler:
                 if up_to_date(obj, current):
                     applied = current
                 else:
+                    # The autoscaler owns the replicas of an autoscaled StatefulSet: make it a co-owner
+                    # before this apply stops sending them, or the server would drop them (back to 1).
+                    autoscaled = obj["kind"] == "StatefulSet" and not builders.owns_replicas(spec)
+                    if autoscaled and current is not None:
+                        self._adopt_replicas(current, spec)
                     applied = self.kube.apply(obj)
+                    if autoscaled and current is None:
+                        self._adopt_replicas(applied, spec)
                     result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
                 if obj["kind"] in ("StatefulSet", "DaemonSet"):
                     workload = applied
@@ -242,10 +266,41 @@ class Reconciler:
         if new_status != own_status(status):
             self.write_status(body, new_status)
             result.status_written = True
+        if not ownership.runs_operator_loop(body.get("spec")) and ownership.has_status(status):
+            ownership.clear_status(self.kube, body)  # autoscaling is off: its last decision no longer applies
         for type_, reason, message in result.events:
             self.event(body, type_, reason, message)
         return result
     # ---- pieces
+    def _adopt_replicas(self, sts: dict[str, Any], spec: api.VLLMServerSpec) -> None:
+        a = spec.autoscaling
+        ownership.adopt_replicas(self.kube, sts, a.min_replicas, a.max_replicas, self.kube.field_manager)
+
+    def _external_scaler(self, name, spec, desired, conditions, generation, now, result):
+        """The ExternalScaler condition for autoscaling.mode HPA/KEDA; a ScaledObject is left out
+        (and said so) when the cluster has no KEDA."""
+        a = spec.autoscaling
+        mode = a.mode if a.enabled and spec.workload == "StatefulSet" else None
+        if mode not in ("HPA", "KEDA"):
+            return [c for c in conditions if c.get("type") != "ExternalScaler"], desired
+        old = condition({"conditions": conditions}, "ExternalScaler")
+        target = builders.scaler_quantity(a.target_waiting_per_replica)
+        if mode == "HPA":
+            cond = ("True", "HPAApplied", f"HorizontalPodAutoscaler {name} ({self.hpa_api_version}) "
+                    f"scales the StatefulSet on the Pods metric {builders.QUEUE_METRIC}, {target} per replica; "
+                    "it needs a custom metrics adapter (prometheus-adapter) serving that metric")
+        elif self.serves_keda():
+            cond = ("True", "ScaledObjectApplied", f"ScaledObject {name} ({KEDA_API_VERSION}) scales "
+                    f"the StatefulSet on {builders.QUEUE_METRIC} from Prometheus, {target} per replica")
+        else:
+            desired = [o for o in desired if o["kind"] != "ScaledObject"]
+            cond = ("False", "KEDANotInstalled", f"autoscaling.mode KEDA, but this cluster does not serve "
+                    f"{KEDA_API_VERSION} ScaledObjects: install KEDA or use mode: Operator. No ScaledObject is "
+                    "applied; the replicas stay where they are")
+            if old is None or old.get("reason") != "KEDANotInstalled":
+                result.events.append(("Warning", "KEDANotInstalled", cond[2]))
+        return set_condition(conditions, "ExternalScaler", *cond, generation, now), desired
+
     def _ready_conditions(self, conditions, progress, workload, generation, now, stalled=False):
         desired, ready = progress["desired"], progress["ready"]
         if workload is None:
