@@ -158,6 +158,17 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
     assert "--disable-scanning" not in container(objects)["args"]
 
 
+def test_docs_rbac_table_is_the_charts_cluster_role():
+    documented = {}
+    for row in (ROOT / "docs" / "rbac.md").read_text().splitlines():
+        if row.startswith("| `"):
+            group, resources, verbs = [c.strip() for c in row.strip("|").split("|")][:3]
+            group = group.strip("`").replace('""', "")
+            for resource in re.findall(r"`([^`]+)`", resources):
+                documented[(group, resource)] = {v.strip() for v in verbs.split(",")}
+    assert documented == rules(by_kind(render(), "ClusterRole")[0])
+
+
 def test_namespaced_mode_is_roles_only():
     objects = render({"operator": {"watchNamespaces": ["team-a", "team-b"]}})
     assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
