@@ -268,6 +268,7 @@ class ControlPlane(_KubeMixin):
         self._logs: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._atexit = False
+        self._apiserver_cmd: list[str] = []
 
     # ------------------------------------------------------------------ API
     @classmethod
@@ -286,6 +287,34 @@ class ControlPlane(_KubeMixin):
     @property
     def running(self) -> bool:
         return bool(self._procs) and all(p.poll() is None for p in self._procs.values())
+
+    def stop_apiserver(self) -> None:
+        """Stop only the kube-apiserver (SIGTERM, then SIGKILL); etcd and the controller-manager keep running.
+
+        For fault tests: clients see connection refused until ``start_apiserver()``.
+        """
+        with self._lock:
+            p = self._procs.get("kube-apiserver")
+            if p is None:
+                raise ControlPlaneError("control plane not started")
+            self._signal(p, signal.SIGTERM)
+            try:
+                p.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self._signal(p, signal.SIGKILL)
+                p.wait(timeout=self.stop_timeout)
+
+    def start_apiserver(self, timeout: Optional[float] = None) -> None:
+        """Start the kube-apiserver again after ``stop_apiserver()``: same port, certificates and etcd data."""
+        with self._lock:
+            p = self._procs.get("kube-apiserver")
+            if p is None:
+                raise ControlPlaneError("control plane not started")
+            if p.poll() is None:
+                return
+            self._spawn("kube-apiserver", self._apiserver_cmd)
+            deadline = time.monotonic() + (timeout or self.start_timeout)
+            self._wait("kube-apiserver /readyz after a restart", lambda: self._get("/readyz")[0] == 200, deadline)
 
     def start(self) -> "ControlPlane":
         if self._procs:
@@ -384,6 +413,8 @@ class ControlPlane(_KubeMixin):
 
     def _spawn(self, name: str, cmd: Sequence[str]) -> subprocess.Popen:
         assert self.workdir is not None
+        if name in self._logs:  # a restart: the old process's log file
+            self._logs.pop(name).close()
         log = open(self.workdir / f"{name}.log", "ab")
         self._logs[name] = log
         p = subprocess.Popen(
@@ -479,27 +510,26 @@ class ControlPlane(_KubeMixin):
 
         self._wait("etcd /health", etcd_healthy, deadline)
 
-        self._spawn(
-            "kube-apiserver",
-            [
-                str(bins / "kube-apiserver"),
-                f"--etcd-servers={self.etcd_url}",
-                f"--secure-port={api_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--cert-dir={wd / 'certs'}",
-                f"--token-auth-file={wd / 'tokens.csv'}",
-                "--authorization-mode=Node,RBAC",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-account-key-file={sa_key}",
-                f"--service-account-signing-key-file={sa_key}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--insecure-port=0",
-                "--allow-privileged=true",
-                # One apiserver, no real nodes: don't wait for endpoint reconciliation.
-                "--endpoint-reconciler-type=none",
-            ],
-        )
+        self._apiserver_cmd = [
+            str(bins / "kube-apiserver"),
+            f"--etcd-servers={self.etcd_url}",
+            f"--secure-port={api_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--cert-dir={wd / 'certs'}",
+            f"--token-auth-file={wd / 'tokens.csv'}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={sa_key}",
+            f"--service-account-signing-key-file={sa_key}",
+            # /16: room for a ClusterIP Service per server in the scale benchmark (bench/scale.py).
+            "--service-cluster-ip-range=10.0.0.0/16",
+            "--insecure-port=0",
+            "--allow-privileged=true",
+            # One apiserver, no real nodes: don't wait for endpoint reconciliation.
+            "--endpoint-reconciler-type=none",
+        ]
+        self._spawn("kube-apiserver", self._apiserver_cmd)
         self._wait("kube-apiserver /readyz", lambda: self._get("/readyz")[0] == 200, deadline)
 
         self.kubeconfig = str(wd / "kubeconfig")
