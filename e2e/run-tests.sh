@@ -30,6 +30,11 @@ if ! command -v lua5.1 >/dev/null 2>&1; then
     || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua5.1 >/dev/null; }
 fi
 
+if ! command -v prometheus >/dev/null 2>&1; then
+  step "prometheus (Debian's; the autoscaler's Prometheus source in tests)"
+  .venv/bin/python -m e2e.prometheus ensure >/dev/null
+fi
+
 step "Kubernetes 1.20 control plane binaries (cached)"
 bash e2e/kube-build.sh >/tmp/vllm-operator-kube-build.log 2>&1 || { tail -50 /tmp/vllm-operator-kube-build.log; exit 1; }
 

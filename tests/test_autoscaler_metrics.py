@@ -209,3 +209,12 @@ def test_daemon_filter():
     assert not f({"autoscaling": {"enabled": False}})
     assert not f({"autoscaling": {"enabled": True}, "workload": "DaemonSet"})
     assert not f({})
+
+
+def test_max_num_seqs_from_the_pods_args():
+    def pod(*args):
+        return {"spec": {"containers": [{"name": "vllm", "args": list(args)}]}}
+    assert actuator.max_num_seqs([pod("m", "--max-num-seqs", "32"), pod("m", "--max-num-seqs=16")]) == 16
+    assert actuator.max_num_seqs([pod("m", "--max-model-len", "4096")]) is None
+    assert actuator.max_num_seqs([pod("m", "--max-num-seqs")]) is None
+    assert actuator.max_num_seqs([]) is None

@@ -186,3 +186,42 @@ def test_bounds_default_max_to_min():
     assert policy.bounds(spec(min_replicas=2, max_replicas=None)) == (2, 2)
     assert policy.clamp(7, spec(max_replicas=4)) == 4
     assert policy.clamp(0, spec()) == 1
+
+
+# Rule 3b: the running requests set a floor for scale-down (slots = vLLM's --max-num-seqs).
+FLOOR_CASES = [
+    # id, waiting per pod, running per pod, current, slots, expected desired, reason part
+    ("closed loop at 2 replicas: 2 waiting each would say 1, the 4 running need 2", [2, 2], [2, 2], 2, 2, 2,
+     "the 4 running need 2 replicas at --max-num-seqs 2"),
+    ("the same without knowing the slots scales down", [2, 2], [2, 2], 2, None, 1, "scale down 2 -> 1"),
+    ("down to what the running need, not further", [0, 0, 0], [2, 2, 0], 3, 2, 2, "scale down 3 -> 2"),
+    ("idle: no floor", [0, 0], [0, 0], 2, 2, 1, "scale down 2 -> 1"),
+    ("the floor never scales up (more running than the slots say)", [0], [5], 1, 2, 1, "the 5 running need 1"),
+]
+
+
+@pytest.mark.parametrize("waiting,running,current,slots,desired,reason",
+                         [c[1:] for c in FLOOR_CASES], ids=[c[0] for c in FLOOR_CASES])
+def test_running_requests_floor(waiting, running, current, slots, desired, reason):
+    samples = [Sample(f"s-{i}", waiting=w, running=r) for i, (w, r) in enumerate(zip(waiting, running))]
+    sp = spec(target_waiting_per_replica=4)
+    d = policy.decide(samples, current, current, 0, sp, hist((61, current)), NOW, slots=slots)
+    assert d.desired == desired and reason in d.reason, d.reason
+
+
+def test_closed_loop_load_does_not_flap():
+    """8 clients back to back, --max-num-seqs 2, target 4: 1 replica queues 6 -> 2 replicas; at 2
+    each queues 2 (below target) but runs 2: it stays at 2 instead of going down and up again."""
+    sp = spec(target_waiting_per_replica=4, scale_down_stabilization_seconds=20)
+    history: policy.History = []
+    replicas, t, changes = 1, NOW, []
+    for _ in range(300):  # 10 minutes at a 2 s interval
+        per = 8 / replicas
+        samples = [Sample(f"s-{i}", waiting=max(0.0, per - 2), running=min(2.0, per)) for i in range(replicas)]
+        d = policy.decide(samples, replicas, replicas, 0, sp, history, t, slots=2)
+        history = policy.record(history, t, d, sp, 2)
+        if d.desired != replicas:
+            changes.append((t - NOW, replicas, d.desired))
+        replicas = d.desired
+        t += 2
+    assert changes == [(0, 1, 2)], changes

@@ -96,6 +96,21 @@ def _port(pod: dict[str, Any]) -> int:
     return builders.PORT
 
 
+def max_num_seqs(pods: list[dict[str, Any]]) -> Optional[int]:
+    """The requests one replica runs at once: vLLM's --max-num-seqs in the pods' args (the smallest
+    when a rollout mixes values); None when no pod says."""
+    found = []
+    for pod in pods:
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            args = [str(a) for a in (c.get("args") or [])]
+            for i, arg in enumerate(args):
+                value = arg.split("=", 1)[1] if arg.startswith("--max-num-seqs=") else (
+                    args[i + 1] if arg == "--max-num-seqs" and i + 1 < len(args) else None)
+                if value is not None and value.isdigit() and int(value) > 0:
+                    found.append(int(value))
+    return min(found) if found else None
+
+
 @dataclass
 class PodGroups:
     ready: list[PodRef] = field(default_factory=list)
@@ -246,7 +261,7 @@ class Autoscaler:
             # count made just before the scale-up window, so it delays a scale-down (never on no data)
             # but not a scale-up.
             self.history = [(now - a.scale_up_stabilization_seconds - 0.001, current)]
-        decision = policy.decide(samples, current, ready, starting, a, self.history, now)
+        decision = policy.decide(samples, current, ready, starting, a, self.history, now, slots=max_num_seqs(pods))
         if decision.hold and groups.ready_without_ip:
             decision = policy.Decision(decision.desired, decision.reason + f"; ready without an IP: "
                                        f"{', '.join(groups.ready_without_ip)}", None, hold=True,
@@ -381,9 +396,7 @@ async def autoscaler_daemon(stopped: Any, namespace: str, name: str, body: Any, 
         started = loop.time()
         snapshot = copy.deepcopy(dict(body))  # kopf updates `body` in place on this thread
         try:
-            result = await loop.run_in_executor(ctx.executor, scaler.tick, snapshot)
-            if result.scaled and result.decision is not None:
-                logger.info("%s", result.decision.reason)
+            await loop.run_in_executor(ctx.executor, scaler.tick, snapshot)  # logs its scalings itself
         except Exception as e:  # noqa: BLE001 - a failed tick is retried at the next interval
             logger.warning("autoscaler tick for %s/%s failed: %s", namespace, name, e)
         interval = ((body.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds", 5)

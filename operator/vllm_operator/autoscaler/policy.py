@@ -10,7 +10,9 @@ The rules, in the order `decide` applies them:
 3. The HPA's ratio: ``ratio = (waiting per ready replica) / targetWaitingPerReplica``;
    within the tolerance (10%) the recommendation is the current count, else
    ``ceil(ratio x ready)`` = ``ceil(total waiting / target)``. Pods still loading never
-   count in the average: they have no queue yet.
+   count in the average: they have no queue yet. But never below the replicas the running
+   requests need (running / --max-num-seqs): with enough replicas the queue is empty, and a
+   queue-only rule would then scale down into a queue again, and up, and down (flapping).
 4. Stabilization, as the HPA does it: scale up to the *lowest* recommendation of the last
    scaleUpStabilizationSeconds (0: at once), scale down only to the *highest* of the last
    scaleDownStabilizationSeconds.
@@ -101,9 +103,10 @@ def _plural(n: int, word: str) -> str:
 
 
 def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, spec: AutoscalingSpec,
-           history: History, now: float) -> Decision:
+           history: History, now: float, slots: Optional[int] = None) -> Decision:
     """The replica count to run now, for a StatefulSet at `current` replicas of which `ready`
-    serve (one sample each, in `samples`) and `starting` are still on their way."""
+    serve (one sample each, in `samples`) and `starting` are still on their way; `slots` is
+    the requests one replica runs at once (vLLM's --max-num-seqs), when known."""
     lo, hi = bounds(spec)
     target = spec.target_waiting_per_replica
 
@@ -141,6 +144,13 @@ def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, s
     else:
         # ceil(ratio x ready) == ceil(total / target); round first so 6/2 is 3, not 3.0000000001.
         recommendation = math.ceil(round(waiting / target, 9))
+    # 3b. a short queue says capacity suffices, not that fewer replicas would: never go below
+    # what the running requests need at `slots` each (it never asks for more than `current`).
+    running = sum(s.running for s in samples)
+    floor = min(current, math.ceil(round(running / slots, 9))) if slots else 0
+    if recommendation < floor:
+        recommendation = floor
+        measured += f"; the {_num(running)} running need {floor} replicas at --max-num-seqs {slots}"
 
     # 4. stabilization
     up_window = [r for t, r in history if now - t <= spec.scale_up_stabilization_seconds] + [recommendation]
