@@ -198,3 +198,14 @@ def test_namespaced_install_with_roles_only(control_plane, k8s, namespace, extra
                                ("get", "secrets", app)):
         assert not can_i(cp, verb, resource, as_namespace=namespace, as_name=sa, namespace=ns), (verb, resource, ns)
     assert can_i(cp, "patch", "statefulsets.apps", as_namespace=namespace, as_name=sa, namespace=app)
+
+
+def test_roles_only_needs_disable_scanning(control_plane, namespace, extra_namespace, tmp_path):
+    """The control for the test above: the same install without --disable-scanning is short of RBAC
+    (kopf lists Namespaces and CRDs cluster-wide), and the log check sees it."""
+    cp, release = control_plane, release_name()
+    app = extra_namespace("team")
+    Helm(cp, namespace).install(release, {"operator": {"watchNamespaces": [app]}})
+    with run_as_installed(cp, namespace, tmp_path, drop_args=("--disable-scanning",)) as (proc, _, _):
+        trouble = wait_for(lambda: rbac_trouble(proc.log_tail(100000)), 60, "kopf's 403 on a cluster-wide list")
+    assert any('cannot list resource \\"namespaces\\"' in line for line in trouble), trouble
