@@ -64,6 +64,7 @@ def test_stale_files_are_noticed(tmp_path):
     copy = tmp_path / "repo"
     for part in ("crds", "charts", "manifests"):
         shutil.copytree(ROOT / part, copy / part)
+    packaging.write_all(copy)  # independent of whether this checkout is fresh
     assert packaging.stale_files(copy) == []
     values = copy / packaging.CHART / "values.yaml"
     text = values.read_text().replace("resyncSeconds: 60", "resyncSeconds: 30")  # the bundle's args change
