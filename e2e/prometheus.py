@@ -80,7 +80,7 @@ class PrometheusServer:
 
     def __init__(self, workdir: str | os.PathLike, *, scrape_interval: str = "1s", port: Optional[int] = None,
                  job: str = "vllm"):
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()  # Prometheus runs in it: paths must not be relative
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.scrape_interval = scrape_interval
         self.port = port or free_port()

@@ -1,1 +1,1 @@
-pytest_plugins = ["e2e.pytest_fixtures"]
+pytest_plugins = ["e2e.pytest_fixtures", "e2e.pytest_stress"]

@@ -30,6 +30,19 @@ SINGULAR = "vllmserver"
 SHORT_NAMES = ["vllms"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
+#: Metadata annotation that lets engine.extraArgs set --host/--port, which the pod otherwise fixes
+#: (probes and Services depend on them): the escape hatch of docs/security.md. Value "true".
+ALLOW_UNSAFE_ARGS_ANNOTATION = f"{GROUP}/allow-unsafe-args"
+
+
+def allows_unsafe_args(metadata: Any) -> bool:
+    """Whether a VLLMServer's metadata (a dict or ObjectMeta) carries the escape-hatch annotation."""
+    if metadata is None:
+        return False
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else getattr(metadata, "annotations", None)
+    return isinstance(annotations, dict) and str(annotations.get(ALLOW_UNSAFE_ARGS_ANNOTATION, "")).lower() == "true"
+
+
 #: The vLLM release the default image pins; the same release's parser checks our flags.
 VLLM_VERSION = "0.32.0"
 DEFAULT_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
@@ -84,6 +97,58 @@ Quantity = Annotated[
     BeforeValidator(_int_to_str),
     AfterValidator(_check_quantity),
     WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True, "pattern": QUANTITY_PATTERN}),
+]
+
+# Kubernetes' own name grammars (apimachinery validation): the API server refuses a child built from
+# anything else, so the spec is refused first, with the field's path.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_QUALIFIED_NAME_RE = re.compile(r"^(?:([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/)?"
+                                r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
+_STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def _check_qualified_name(key: str) -> str:
+    """A label or annotation key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters."""
+    m = _QUALIFIED_NAME_RE.match(key)
+    if m is None or len(m.group(5)) > 63 or (m.group(1) and len(m.group(1)) > 253):
+        raise ValueError(f"{key!r} is not a valid label or annotation key: an optional DNS prefix and '/', then at "
+                         "most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
+    return key
+
+
+def _check_label_keys(value: dict[str, Any]) -> dict[str, Any]:
+    for key in value:
+        _check_qualified_name(key)
+    return value
+
+
+def _check_resource_names(value: dict[str, Any]) -> dict[str, Any]:
+    for key in value:
+        if key in _STANDARD_RESOURCES or key.startswith("hugepages-"):
+            continue
+        if "/" not in key or _QUALIFIED_NAME_RE.match(key) is None:
+            raise ValueError(f"{key!r} is not a resource name: use cpu, memory, ephemeral-storage, hugepages-<size> "
+                             "or a fully qualified name such as example.com/device")
+    return value
+
+
+#: A DNS subdomain (names of Secrets, ServiceAccounts, PriorityClasses, StorageClasses, claims).
+DNSSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+#: A label value (at most 63 characters).
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+#: Labels (or a node selector): qualified-name keys, label values.
+Labels = Annotated[
+    dict[str, LabelValue],
+    AfterValidator(_check_label_keys),
+    WithJsonSchema({"type": "object", "additionalProperties": {"type": "string", "maxLength": 63,
+                                                               "pattern": LABEL_VALUE_PATTERN}}),
+]
+#: Annotations: qualified-name keys, any string values.
+Annotations = Annotated[
+    dict[str, str],
+    AfterValidator(_check_label_keys),
+    WithJsonSchema({"type": "object", "additionalProperties": {"type": "string"}}),
 ]
 
 #: A free-form Kubernetes object we pass through verbatim (e.g. affinity).
@@ -194,13 +259,31 @@ class WorkloadProfile(_Model):
 
 
 # --------------------------------------------------------------------------- engine
+class SecretKeySelector(_Model):
+    """A key in a Secret in the same namespace."""
+
+    name: DNSSubdomain
+    """Secret name."""
+    key: str = Field(..., min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """Key within the Secret."""
+
+
+class EnvVarSource(_Model):
+    """Where a variable's value comes from instead of the spec."""
+
+    secret_key_ref: SecretKeySelector = Field(..., alias="secretKeyRef")
+    """A key of a Secret (API keys, tokens): the value never appears in the VLLMServer."""
+
+
 class EnvVar(_Model):
-    """An environment variable for the vLLM container (plaintext values only; use secret references for tokens)."""
+    """An environment variable for the vLLM container: a plain value, or a Secret reference for credentials."""
 
     name: str = Field(..., min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     """Variable name."""
     value: str = ""
     """Plain value. Never put credentials here: the spec is readable by anyone who can read the resource."""
+    value_from: Optional[EnvVarSource] = Field(None, alias="valueFrom")
+    """Take the value from a Secret instead (e.g. VLLM_API_KEY); then value must be empty."""
 
 
 class EngineSpec(_Model):
@@ -232,18 +315,18 @@ class CacheSpec(_Model):
 
     size: Optional[Quantity] = None
     """Size of a new PersistentVolumeClaim per replica (StatefulSet volumeClaimTemplates)."""
-    storage_class_name: Optional[str] = Field(None, min_length=1, max_length=253, alias="storageClassName")
+    storage_class_name: Optional[DNSSubdomain] = Field(None, alias="storageClassName")
     """Storage class of the new claim; the cluster default when omitted."""
-    claim_name: Optional[str] = Field(None, min_length=1, max_length=253, alias="claimName")
+    claim_name: Optional[DNSSubdomain] = Field(None, alias="claimName")
     """An existing PersistentVolumeClaim to mount instead (ReadWriteMany or ReadOnlyMany for several replicas)."""
 
 
 class SecretKeyRef(_Model):
     """A key in a Secret in the same namespace. The operator only references it; it never reads it."""
 
-    name: str = Field(..., min_length=1, max_length=253)
+    name: DNSSubdomain
     """Secret name."""
-    key: str = Field("token", min_length=1, max_length=253)
+    key: str = Field("token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
     """Key within the Secret."""
 
 
@@ -277,7 +360,7 @@ class AutoscalingSpec(_Model):
 class Toleration(_Model):
     """A Kubernetes toleration."""
 
-    key: Optional[str] = None
+    key: Optional[Annotated[str, AfterValidator(_check_qualified_name)]] = None
     """Taint key."""
     operator: Optional[Literal["Exists", "Equal"]] = None
     """Exists or Equal."""
@@ -292,9 +375,9 @@ class Toleration(_Model):
 class ResourceOverrides(_Model):
     """Host CPU/memory for the vLLM container; the GPU count always comes from gpu.count."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict)
+    requests: Annotated[dict[str, Quantity], AfterValidator(_check_resource_names)] = Field(default_factory=dict)
     """Resource requests, e.g. {cpu: "8", memory: 64Gi}."""
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+    limits: Annotated[dict[str, Quantity], AfterValidator(_check_resource_names)] = Field(default_factory=dict)
     """Resource limits."""
 
 
@@ -330,7 +413,7 @@ class VLLMServerSpec(_Model):
     """Secret key holding a Hugging Face token, exposed to vLLM as HF_TOKEN."""
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Queue-based autoscaling."""
-    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    node_selector: Labels = Field(default_factory=dict, alias="nodeSelector")
     """Extra node selector labels."""
     tolerations: list[Toleration] = Field(default_factory=list)
     """Extra tolerations (the nvidia.com/gpu taint is always tolerated)."""
@@ -338,13 +421,13 @@ class VLLMServerSpec(_Model):
     """Pod affinity, as in a Pod spec."""
     resources: ResourceOverrides = Field(default_factory=ResourceOverrides)
     """Host CPU and memory for the vLLM container; derived from the model when omitted."""
-    pod_annotations: dict[str, str] = Field(default_factory=dict, alias="podAnnotations")
+    pod_annotations: Annotations = Field(default_factory=dict, alias="podAnnotations")
     """Annotations for the pods."""
-    pod_labels: dict[str, str] = Field(default_factory=dict, alias="podLabels")
+    pod_labels: Labels = Field(default_factory=dict, alias="podLabels")
     """Extra labels for the pods (the operator's selector labels cannot be overridden)."""
-    service_account_name: Optional[str] = Field(None, min_length=1, max_length=253, alias="serviceAccountName")
+    service_account_name: Optional[DNSSubdomain] = Field(None, alias="serviceAccountName")
     """ServiceAccount the vLLM pods run as."""
-    priority_class_name: Optional[str] = Field(None, min_length=1, max_length=253, alias="priorityClassName")
+    priority_class_name: Optional[DNSSubdomain] = Field(None, alias="priorityClassName")
     """PriorityClass of the pods."""
 
 

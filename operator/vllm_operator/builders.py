@@ -90,6 +90,14 @@ def container_resources(plan: Plan) -> dict[str, Any]:
     limits = {"memory": quantity(plan.host_memory_bytes + plan.shm_bytes), GPU_RESOURCE: gpus}
     requests.update(spec.resources.requests)
     limits.update(spec.resources.limits)
+    # The API server refuses a request above its limit. Where only one side was set in the spec, the derived
+    # other side gives way (both set and crossed: the planner refuses the spec).
+    for name in set(requests) & set(limits):
+        if api.parse_quantity(requests[name]) > api.parse_quantity(limits[name]):
+            if name in spec.resources.limits:
+                requests[name] = limits[name]
+            else:
+                limits[name] = requests[name]
     return {"requests": requests, "limits": limits}
 
 
@@ -99,7 +107,12 @@ def container_env(plan: Plan) -> list[dict[str, Any]]:
     if spec.hf_token_secret_ref is not None:
         ref = spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    env += [{"name": e.name, "value": e.value} for e in spec.engine.env]
+    for e in spec.engine.env:
+        if e.value_from is not None:
+            ref = e.value_from.secret_key_ref
+            env.append({"name": e.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        else:
+            env.append({"name": e.name, "value": e.value})
     return env
 
 
@@ -121,7 +134,7 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "name": "vllm",
         "image": spec.image,
         "args": list(plan.args),
-        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "ports": [{"name": PORT_NAME, "containerPort": plan.port, "protocol": "TCP"}],
         "env": container_env(plan),
         "resources": container_resources(plan),
         "volumeMounts": mounts,

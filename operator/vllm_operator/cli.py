@@ -9,7 +9,7 @@ from typing import Optional, TextIO
 
 import yaml
 
-from . import builders, crd, pipeline
+from . import api, builders, crd, pipeline
 from .planner import GiB, Plan
 
 BAR_WIDTH = 60
@@ -125,7 +125,8 @@ def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[Plan], bool]:
                 err.write(f"{args.file}: {doc.name + ': ' if doc.name else ''}{line}\n")
             continue
         s = doc.server
-        plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=args.hf_endpoint)
+        plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=args.hf_endpoint,
+                                    allow_unsafe_args=api.allows_unsafe_args(s.metadata))
         plans.append(plan)
         ok = ok and plan.fits
     return plans, ok
@@ -200,7 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--disable-scanning", action="store_true",
                      help="never list or watch CRDs and Namespaces cluster-wide (kopf's scanning): for namespaced "
                      "installs that have Roles only; a reinstalled CRD is then noticed on restart")
-    run.add_argument("--peering", default=None, help="kopf peering name for HA (off when omitted)")
+    run.add_argument("--peering", default=None, help="kopf peering name for HA (off when omitted); docs/ha.md")
+    run.add_argument("--peering-priority", type=int, default=None,
+                     help="this replica's peering priority (the highest live one is active); default: the oldest "
+                     "replica wins")
+    run.add_argument("--peering-lifetime", type=int, default=None,
+                     help="seconds a replica's keep-alive holds, which bounds the takeover time (default 15)")
     run.set_defaults(func=cmd_run)
     return parser
 

@@ -8,6 +8,7 @@ use it: everything before them is pure.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -63,6 +64,25 @@ def path_for(api_version: str, kind: str, namespace: Optional[str], name: Option
     return base
 
 
+# A \uD8xx\uDCxx pair not preceded by an escaped backslash (an even run of backslashes is literal text).
+_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+
+
+def yaml_json(obj: Any) -> str:
+    """JSON that the API server's YAML parser reads back unchanged, for application/apply-patch+yaml.
+
+    Plain json.dumps writes a character beyond U+FFFF (an emoji in a served model name) as a
+    UTF-16 surrogate pair, \\ud83e\\udd99, which is JSON but not YAML: the API server refuses the
+    whole patch ("found invalid Unicode character escape code"). YAML's own 8-digit escape
+    says the same character; everything else stays ASCII-escaped JSON.
+    """
+    def astral(m: re.Match) -> str:
+        high, low = int(m.group(2), 16), int(m.group(3), 16)
+        return m.group(1) + "\\U%08x" % (0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+
+    return _SURROGATE_PAIR.sub(astral, json.dumps(obj))
+
+
 @dataclass
 class Kube:
     """Raw REST calls through one ApiClient."""
@@ -74,6 +94,8 @@ class Kube:
     def request(self, method: str, path: str, *, query: Optional[list[tuple[str, str]]] = None,
                 body: Any = None, content_type: str = "application/json") -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
+        if "yaml" in content_type and body is not None and not isinstance(body, (str, bytes)):
+            body = yaml_json(body)  # the API server parses it as YAML
         m, url, hdrs, ser_body, _ = self.api.param_serialize(
             method=method, resource_path=path, query_params=query or [], header_params=headers,
             body=body, auth_settings=["BearerToken"],
@@ -111,8 +133,8 @@ class Kube:
         return self.request("GET", path_for(api_version, kind, namespace), query=query).get("items", [])
 
     def delete(self, api_version: str, kind: str, namespace: Optional[str], name: str, *,
-               uid: Optional[str] = None) -> bool:
-        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+               uid: Optional[str] = None, propagation: str = "Background") -> bool:
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
         if uid:
             body["preconditions"] = {"uid": uid}
         try:

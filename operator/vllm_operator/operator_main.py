@@ -16,12 +16,13 @@ from collections import defaultdict
 from typing import Any, Optional
 
 import kopf
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, builders, metrics
+from . import api, apisession, builders, cache, metrics, peering
 from .autoscaler import actuator
-from .kube import ApiError, Kube
+from .kube import PLURALS, ApiError, Kube
 from .reconcile import Reconciler
 
 log = logging.getLogger("vllm_operator")
@@ -45,6 +46,8 @@ class State:
 
 
 STATE = State()
+#: Seconds a replica's peering keep-alive holds (--peering-lifetime): bounds the HA takeover time.
+PEERING_LIFETIME = peering.DEFAULT_LIFETIME
 HEALTH = metrics.Health()
 
 
@@ -56,11 +59,25 @@ def api_client() -> k8s.ApiClient:
     return k8s.ApiClient()
 
 
+def _serves(kube: Kube, group_version: str, patience: float = 300.0) -> bool:
+    """Discovery at start, waiting out an API server that is not answering yet (it may be restarting)."""
+    deadline, delay = time.monotonic() + patience, 1.0
+    while True:
+        try:
+            return kube.serves(group_version)
+        except (urllib3.exceptions.HTTPError, OSError, ApiError) as e:
+            if isinstance(e, ApiError) and e.status < 500 or time.monotonic() > deadline:
+                raise
+            log.warning("API discovery of %s failed (%s); retrying in %.0f s", group_version, e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 15.0)
+
+
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
     kube = Kube(client or api_client())
-    pdb = "policy/v1" if kube.serves("policy/v1") else "policy/v1beta1"  # policy/v1 arrived in Kubernetes 1.21
+    pdb = "policy/v1" if _serves(kube, "policy/v1") else "policy/v1beta1"  # policy/v1 arrived in Kubernetes 1.21
     # autoscaling/v2 arrived in 1.23; v2beta2 (same fields for what we emit) serves older clusters.
-    hpa = "autoscaling/v2" if kube.serves("autoscaling/v2") else "autoscaling/v2beta2"
+    hpa = "autoscaling/v2" if _serves(kube, "autoscaling/v2") else "autoscaling/v2beta2"
     return Reconciler(kube, hf_endpoint=getattr(args, "hf_endpoint", None),
                       prometheus_url=getattr(args, "prometheus_url", None), pdb_api_version=pdb,
                       hpa_api_version=hpa)
@@ -88,6 +105,11 @@ def reconcile(namespace: str, name: str, logger: Any) -> None:
             if e.status in (409, 429) or e.status >= 500:
                 raise kopf.TemporaryError(str(e), delay=2) from e
             raise kopf.TemporaryError(str(e), delay=10) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            # The API server is unreachable (restarting, network): retry soon, not after kopf's default minute.
+            metrics.record_reconcile_error(type(e).__name__)
+            metrics.record_reconcile("error", time.monotonic() - started)
+            raise kopf.TemporaryError(f"the API server is unreachable: {e}", delay=3) from e
         except Exception as e:
             metrics.record_reconcile_error(type(e).__name__)
             metrics.record_reconcile("error", time.monotonic() - started)
@@ -109,6 +131,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.execution.max_workers = 8
+    settings.peering.lifetime = PEERING_LIFETIME
 
 
 @kopf.on.startup()
@@ -119,27 +142,64 @@ async def watch_event_loop(**_: Any) -> None:
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
-def on_change(namespace: str, name: str, logger: Any, **_: Any) -> None:
+def on_change(namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
+    _bind_indices(kwargs)
     reconcile(namespace, name, logger)
 
 
-def on_timer(namespace: str, name: str, logger: Any, **_: Any) -> None:
+def on_timer(namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
+    _bind_indices(kwargs)
     reconcile(namespace, name, logger)
 
 
-def _on_child(body: Any, event: Any, logger: Any) -> None:
+def _on_child(body: Any, event: Any, logger: Any, kwargs: Optional[dict] = None) -> None:
+    _bind_indices(kwargs or {})
     meta = body.get("metadata", {})
     server = (meta.get("labels") or {}).get(builders.SERVER_LABEL)
     owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == api.KIND]
     if not server or not owners:
         return
+    objects = STATE.reconciler.objects if STATE.reconciler else None
+    if objects is not None and (event or {}).get("type") == "DELETED":
+        objects.forget(body)  # deleted by hand: our own write's copy must not stand in for it
     reconcile(meta["namespace"], server, logger)
 
 
 for _group, _version, _plural in (("apps", "v1", "statefulsets"), ("apps", "v1", "daemonsets"),
                                   ("", "v1", "services")):
     kopf.on.event(_group, _version, _plural, labels=CHILD_LABELS)(
-        lambda body, event, logger, **_: _on_child(body, event, logger))
+        lambda body, event, logger, **kw: _on_child(body, event, logger, kw))
+
+
+# --------------------------------------------------------------------------- watch-fed caches (cache.py)
+def _bind_indices(kwargs: dict) -> None:
+    objects = STATE.reconciler.objects if STATE.reconciler else None
+    if objects is not None and not objects.ready:
+        objects.bind(kwargs)
+
+
+async def _index_server(body: Any, **_: Any) -> Any:
+    return cache.index_server(body)
+
+
+async def _index_child(body: Any, **_: Any) -> Any:
+    return cache.index_child(body)
+
+
+async def _index_pod(body: Any, **_: Any) -> Any:
+    return cache.index_pod(body)
+
+
+def register_indices(reconciler: Reconciler) -> None:
+    """kopf indices of the servers, every kind the reconciler manages, and their pods: reconciles read
+    these instead of GET/LIST (bench/scale.py), and kopf runs no handler before they hold a full listing."""
+    reconciler.objects = cache.WatchedObjects()
+    kopf.index(api.GROUP, api.VERSION, api.PLURAL, id=cache.SERVERS_INDEX)(_index_server)
+    for api_version, kind in reconciler.managed_kinds():
+        group, _, version = api_version.rpartition("/")
+        kopf.index(group, version, PLURALS[(api_version, kind)], id=cache.CHILDREN_INDEX,
+                   labels=CHILD_LABELS)(_index_child)
+    kopf.index("", "v1", "pods", id=cache.PODS_INDEX, labels=CHILD_LABELS)(_index_pod)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -150,9 +210,21 @@ def run(args: argparse.Namespace) -> int:
     kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=args.resync_seconds, initial_delay=args.resync_seconds,
                sharp=False)(on_timer)
     STATE.reconciler = make_reconciler(args)
+    register_indices(STATE.reconciler)
     # One queue-based autoscaler loop per VLLMServer with autoscaling.mode Operator (autoscaler/actuator.py).
     actuator.register(STATE.reconciler.kube, default_prometheus_url=getattr(args, "prometheus_url", None))
     namespaces = list(args.namespace)
+    # kopf's HTTP connections in a bounded pool (apisession.py): servers, each managed kind, pods, peering.
+    watched = len(STATE.reconciler.managed_kinds()) + 3
+    kopf.on.login()(apisession.make_login(apisession.connection_limit(watched, len(namespaces))))
+    priority = None
+    if args.peering is not None:  # HA: one active replica (peering.py, docs/ha.md)
+        global PEERING_LIFETIME
+        PEERING_LIFETIME = getattr(args, "peering_lifetime", None) or peering.DEFAULT_LIFETIME
+        peering.ensure_peering(STATE.reconciler.kube, args.peering, namespaces)
+        priority = getattr(args, "peering_priority", None)
+        priority = peering.default_priority() if priority is None else priority
+        log.info("peering %r with priority %d, keep-alive lifetime %d s", args.peering, priority, PEERING_LIFETIME)
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (metrics.py); kopf's own liveness endpoint stays off.
@@ -163,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
             namespaces=namespaces,
             standalone=args.peering is None,
             peering_name=args.peering,
+            priority=priority,
             ready_flag=HEALTH.ready,
             settings=settings,
         )

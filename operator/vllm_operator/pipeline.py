@@ -46,10 +46,11 @@ def _known_fields(model: type[pydantic.BaseModel], loc: tuple) -> list[str]:
 
 
 def _inner_model(annotation: Any) -> Any:
-    for candidate in (annotation, *getattr(annotation, "__args__", ())):
-        if isinstance(candidate, type) and issubclass(candidate, pydantic.BaseModel):
-            return candidate
-        inner = _inner_model(candidate) if getattr(candidate, "__args__", None) else None
+    """The pydantic model inside an annotation (Optional[M], list[M], ...), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):  # only the arguments: never the annotation itself again
+        inner = _inner_model(arg)
         if inner is not None:
             return inner
     return None
@@ -114,7 +115,9 @@ def load_documents(text: str) -> list[Document]:
             docs.append(Document(i, str(name), errors=[f"kind is {raw.get('kind')!r}, expected {api.KIND}"]))
             continue
         try:
-            docs.append(Document(i, str(name), server=api.VLLMServer.model_validate(raw)))
+            # By the camelCase names only, as the API server reads them (it prunes spec.engine.extra_args).
+            docs.append(Document(i, str(name), server=api.VLLMServer.model_validate(raw, by_alias=True,
+                                                                                    by_name=False)))
         except pydantic.ValidationError as err:
             docs.append(Document(i, str(name), errors=format_validation_error(err, api.VLLMServer)))
     return docs
@@ -123,7 +126,7 @@ def load_documents(text: str) -> list[Document]:
 def parse_spec(spec: dict[str, Any]) -> tuple[Optional[api.VLLMServerSpec], list[str]]:
     """Validate a spec dict from the API server (already schema-checked there, except extras)."""
     try:
-        return api.VLLMServerSpec.model_validate(spec), []
+        return api.VLLMServerSpec.model_validate(spec, by_alias=True, by_name=False), []
     except pydantic.ValidationError as err:
         return None, format_validation_error(err, api.VLLMServerSpec, prefix="spec")
 
@@ -159,8 +162,11 @@ def plan_server(
     hf_endpoint: Optional[str] = None,
     fetch: Callable[..., dict] = catalog.fetch_config,
     default_prometheus_url: Optional[str] = None,
+    allow_unsafe_args: bool = False,
 ) -> planner.Plan:
-    """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan."""
+    """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan.
+
+    `allow_unsafe_args`: api.allows_unsafe_args(metadata), the escape hatch for --host/--port in extraArgs."""
     model_error = None
     base = None
     try:
@@ -182,7 +188,7 @@ def plan_server(
         model, model_error = None, str(exc)
     gpu = catalog.lookup_gpu(spec.gpu.product) if spec.gpu.product else None
     plan = planner.plan(name, namespace, spec, model, gpu, model_error=model_error,
-                        default_prometheus_url=default_prometheus_url)
+                        default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args)
     if model is not None and base is not None and spec.model.quantization == "none":
         plan.notes.append(f"{spec.model.name} looks like a quantized checkpoint of {base}, but model.quantization is "
                           "none: its weights were sized as 16-bit; set model.quantization (e.g. awq_marlin) to size "

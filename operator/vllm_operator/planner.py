@@ -123,7 +123,22 @@ UNSUPPORTED_QUANTIZATION: dict[str, str] = {
     "gguf": "GGUF is no longer a vLLM quantization method; serve the original or an AWQ/GPTQ/FP8 checkpoint",
 }
 
-_CREDENTIAL_VALUE = re.compile(r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|ghp_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16})")
+#: Values that are credentials whatever field they are in: Hugging Face, OpenAI/Anthropic-style, GitHub, AWS,
+#: Slack and JWT tokens, PEM private keys, and URLs with a password.
+_CREDENTIAL_VALUE = re.compile(
+    r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+    r"|(AKIA|ASIA)[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\."
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----|[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@)")
+#: Flags whose value is a credential: a literal one would sit in the spec (and in `ps` inside the pod).
+CREDENTIAL_FLAGS: dict[str, str] = {
+    "--api-key": "set engine.env [{name: VLLM_API_KEY, valueFrom: {secretKeyRef: {name: ..., key: ...}}}] "
+                 "instead: vLLM reads the key from VLLM_API_KEY",
+    "--hf-token": "set spec.hfTokenSecretRef instead: the operator passes the Secret's key as HF_TOKEN",
+}
+#: Flags the pod depends on (probes and Services): extraArgs may set them only with the escape-hatch
+#: annotation api.ALLOW_UNSAFE_ARGS_ANNOTATION (docs/security.md).
+UNSAFE_FLAGS = ("--host", "--port")
+DEFAULT_PORT = 8000
 _CREDENTIAL_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 #: Environment the operator sets; engine.env may not override it.
 OWNED_ENV = {"HF_HOME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
@@ -198,6 +213,8 @@ class Plan:
     drain_seconds: int = 0
     prometheus_url: Optional[str] = None
     """The Prometheus the autoscaler (source: Prometheus) or a KEDA ScaledObject queries."""
+    port: int = DEFAULT_PORT
+    """The port vLLM listens on in the pod: 8000 unless extraArgs sets --port under the escape hatch."""
     notes: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
@@ -314,11 +331,40 @@ def valid_tp_sizes(arch: api.ModelArchitecture, limit: int = 16) -> list[int]:
 
 
 # --------------------------------------------------------------------------- validation
-def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None) -> list[Problem]:
+def credential_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """Every string in the spec that looks like a credential, by field path (the spec is readable by anyone
+    who can read the VLLMServer, and it is copied into the pod template)."""
+    problems: list[Problem] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(key, str) and _CREDENTIAL_VALUE.search(key):
+                    problems.append(Problem(path, "a key looks like a credential in plaintext"))
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+        elif isinstance(node, str) and _CREDENTIAL_VALUE.search(node):
+            problems.append(Problem(path, "looks like a credential in plaintext; anyone who can read the VLLMServer "
+                                    "can read it. Put it in a Secret and reference it: spec.hfTokenSecretRef for the "
+                                    "Hugging Face token, engine.env[].valueFrom.secretKeyRef for anything else"))
+
+    dumped = spec.model_dump(by_alias=True, exclude_none=True)
+    dumped.get("engine", {}).pop("env", None)  # check_spec words it per variable
+    walk(dumped, "spec")
+    return problems
+
+
+def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None,
+               allow_unsafe_args: bool = False) -> list[Problem]:
     """Semantic checks the CRD schema cannot express. Pure."""
     problems: list[Problem] = []
     add = lambda f, m: problems.append(Problem(f, m))  # noqa: E731
 
+    if name[:1].isdigit():
+        add("metadata.name", f"{name!r} starts with a digit; the client Service is named after the server and "
+            "Service names must start with a letter (DNS-1035)")
     if len(name) > MAX_NAME_LENGTH:
         add("metadata.name", f"{len(name)} characters is too long: at most {MAX_NAME_LENGTH}, because pod labels derived "
             "from it are limited to 63 characters")
@@ -350,20 +396,46 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         elif c.size and spec.workload == "DaemonSet":
             add("spec.cache.size", "a DaemonSet cannot create a claim per pod; use cache.claimName (ReadWriteMany "
                 "or ReadOnlyMany)")
+    problems.extend(credential_problems(spec))
     for i, env in enumerate(spec.engine.env):
         where = f"spec.engine.env[{i}]"
         if env.name in OWNED_ENV:
             add(where, f"{env.name} is set by the operator; use hfTokenSecretRef for tokens and cache for HF_HOME")
+        elif env.value_from is not None and env.value:
+            add(where, f"{env.name}: set value or valueFrom, not both")
         elif _CREDENTIAL_VALUE.search(env.value) or (_CREDENTIAL_NAME.search(env.name) and env.value):
             add(where, f"{env.name} looks like a credential in plaintext; anyone who can read the VLLMServer can read "
-                "it. Put it in a Secret and reference it with spec.hfTokenSecretRef")
+                "it. Put it in a Secret and reference it with spec.hfTokenSecretRef (the Hugging Face token) or "
+                "valueFrom.secretKeyRef")
     if spec.model.quantization in UNSUPPORTED_QUANTIZATION:
         add("spec.model.quantization", f"vLLM {vllm_flags.VERSION} has no quantization method "
             f"{spec.model.quantization!r} and would exit at start: "
             f"{UNSUPPORTED_QUANTIZATION[spec.model.quantization]}")
     if "nvidia.com/gpu" in spec.resources.requests or "nvidia.com/gpu" in spec.resources.limits:
         add("spec.resources", "nvidia.com/gpu comes from spec.gpu.count; remove it from resources")
-    problems.extend(check_extra_args(spec.engine.extra_args))
+    sizes = [("spec.gpu.memory", spec.gpu.memory), ("spec.gpu.reservedMemory", spec.gpu.reserved_memory),
+             ("spec.shmSize", spec.shm_size), ("spec.cache.size", spec.cache.size if spec.cache else None)]
+    sizes += [(f"spec.resources.{side}.{k}", v) for side, values in (("requests", spec.resources.requests),
+                                                                     ("limits", spec.resources.limits))
+              for k, v in values.items()]
+    for where, value in sizes:
+        if value is not None and parse_quantity(value) < 0:
+            add(where, f"{value} is negative")
+    for i, t in enumerate(spec.tolerations):
+        where = f"spec.tolerations[{i}]"
+        if t.operator == "Exists" and t.value:
+            add(f"{where}.value", "must be empty with operator: Exists")
+        if not t.key and t.operator != "Exists":
+            add(f"{where}.operator", "must be Exists when key is empty (a toleration of every taint)")
+        if t.toleration_seconds is not None and t.effect != "NoExecute":
+            add(f"{where}.tolerationSeconds", "applies to effect: NoExecute only")
+        if t.value and not re.match(api.LABEL_VALUE_PATTERN, t.value) or (t.value and len(t.value) > 63):
+            add(f"{where}.value", f"{t.value!r} is not a label value (at most 63 letters, digits, '-', '_' or '.')")
+    for key in set(spec.resources.requests) & set(spec.resources.limits):
+        if parse_quantity(spec.resources.requests[key]) > parse_quantity(spec.resources.limits[key]):
+            add(f"spec.resources.requests.{key}", f"{spec.resources.requests[key]} is above the limit "
+                f"{spec.resources.limits[key]}; Kubernetes refuses a request above its limit")
+    problems.extend(check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args))
     return problems
 
 
@@ -375,8 +447,9 @@ def _is_value(token: str) -> bool:
     return not token.startswith("-") or bool(_NUMBER.match(token))
 
 
-def check_extra_args(extra: list[str]) -> list[Problem]:
-    """Refuse flags vLLM does not have and flags the operator derives (one problem per flag)."""
+def check_extra_args(extra: list[str], allow_unsafe: bool = False) -> list[Problem]:
+    """Refuse flags vLLM does not have, flags the operator derives (--host/--port only with the escape-hatch
+    annotation: `allow_unsafe`) and credentials as flag values (one problem per flag)."""
     problems: list[Problem] = []
     known = vllm_flags.flags()
     i = 0
@@ -398,6 +471,14 @@ def check_extra_args(extra: list[str]) -> list[Problem]:
         refusal = None
         if normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS:
             refusal = f"{flag} {KNOWN_BAD_FLAGS.get(normal) or KNOWN_BAD_FLAGS[flag]}"
+        elif normal in CREDENTIAL_FLAGS:
+            refusal = (f"{flag} takes a credential, which must not be written in the spec (anyone who can read the "
+                       f"VLLMServer could read it); {CREDENTIAL_FLAGS[normal]}")
+        elif normal in UNSAFE_FLAGS and allow_unsafe:
+            pass  # the escape hatch: the user owns the pod's address (docs/security.md)
+        elif normal in UNSAFE_FLAGS:
+            refusal = (f"{flag} is fixed by the operator: {OWNED_FLAGS[normal]}. To set it anyway, annotate the "
+                       f"VLLMServer {api.ALLOW_UNSAFE_ARGS_ANNOTATION}: \"true\" (docs/security.md)")
         elif normal in OWNED_FLAGS or flag in OWNED_FLAGS or (dotted and dotted in OWNED_FLAGS):
             owner = OWNED_FLAGS.get(dotted or normal) or OWNED_FLAGS.get(flag)
             refusal = f"{flag} is derived by the operator; set {owner} instead"
@@ -451,11 +532,18 @@ def plan(
     *,
     model_error: Optional[str] = None,
     default_prometheus_url: Optional[str] = None,
+    allow_unsafe_args: bool = False,
 ) -> Plan:
-    """Derive the vLLM args and estimates for one server. Pure; never raises on bad input."""
+    """Derive the vLLM args and estimates for one server. Pure; never raises on bad input.
+
+    `allow_unsafe_args`: the VLLMServer carries api.ALLOW_UNSAFE_ARGS_ANNOTATION, so extraArgs may set
+    --host/--port (the container port then follows --port)."""
     p = Plan(name=name, namespace=namespace, spec=spec, model=model,
              prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url)
-    p.problems.extend(check_spec(name, spec, default_prometheus_url=default_prometheus_url))
+    p.problems.extend(check_spec(name, spec, default_prometheus_url=default_prometheus_url,
+                                 allow_unsafe_args=allow_unsafe_args))
+    if allow_unsafe_args:
+        unsafe_overrides(p)
     tp = p.tensor_parallel_size = spec.gpu.count
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, gpu)
     if p.gpu_memory is None:
@@ -463,6 +551,9 @@ def plan(
         p.problem("spec.gpu.memory", f"{what}; set gpu.memory to one GPU's memory (for example 24Gi)")
     if model is None:
         p.problem("spec.model.architecture", model_error or f"no architecture for {spec.model.name}")
+    if p.gpu_memory is not None and p.gpu_memory < GiB:
+        p.problem("spec.gpu.memory", f"{spec.gpu.memory} is less than 1Gi: not a GPU vLLM can serve from")
+        p.gpu_memory = None
     if model is None or p.gpu_memory is None:
         return p
     arch = model.architecture
@@ -655,10 +746,30 @@ def plan(
     return p
 
 
+def unsafe_overrides(p: Plan) -> None:
+    """--host/--port in extraArgs under the escape hatch: vLLM takes the last occurrence, so they win over the
+    operator's; the container port (and with it the probes, the Services' target and a host network's port)
+    follows --port, and a note says what the user took over."""
+    extra = p.spec.engine.extra_args
+    for i, token in enumerate(extra):
+        flag, eq, inline = token.partition("=")
+        if vllm_flags.normalise(flag) not in UNSAFE_FLAGS:
+            continue
+        value = inline if eq else (extra[i + 1] if i + 1 < len(extra) else "")
+        if vllm_flags.normalise(flag) == "--port":
+            if not (value.isdigit() and 1 <= int(value) <= 65535):
+                p.problem(f"spec.engine.extraArgs[{i}]", f"--port needs a port number (1-65535), got {value!r}")
+                continue
+            p.port = int(value)
+        p.notes.append(f"warning: extraArgs sets {flag} {value} ({api.ALLOW_UNSAFE_ARGS_ANNOTATION}); the container "
+                       f"port is {p.port}: probes and Services follow it, but a --host the pod IP does not reach "
+                       "fails every probe")
+
+
 def engine_args(p: Plan) -> list[str]:
     """The container args after `vllm serve`: model first, then flags in a stable order."""
     spec = p.spec
-    args = [spec.model.name, "--host", "0.0.0.0", "--port", "8000"]
+    args = [spec.model.name, "--host", "0.0.0.0", "--port", str(DEFAULT_PORT)]
     args += ["--served-model-name", spec.model.served_name or spec.model.name]
     if spec.model.revision:
         args += ["--revision", spec.model.revision]

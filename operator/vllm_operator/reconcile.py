@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from . import api, builders, pipeline
 from .autoscaler import ownership
+from .cache import WatchedObjects
 from .kube import ApiError, Kube
 
 log = logging.getLogger("vllm_operator.reconcile")
@@ -153,6 +154,8 @@ class Reconciler:
     hpa_api_version: str = "autoscaling/v2"
     clock: Callable[[], str] = utcnow
     fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
+    #: Watch-fed copies of servers, children and pods (cache.py); None: GET and LIST every time.
+    objects: Optional[WatchedObjects] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
 
     def managed_kinds(self) -> list[tuple[str, str]]:
@@ -168,8 +171,12 @@ class Reconciler:
         return self._keda[0]
 
     # ---- entry point
+    def _cached(self) -> Optional[WatchedObjects]:
+        return self.objects if self.objects is not None and self.objects.ready else None
+
     def reconcile(self, namespace: str, name: str) -> Optional[Result]:
-        body = self.kube.get(api.API_VERSION, api.KIND, namespace, name)
+        cached = self._cached()
+        body = cached.server(namespace, name) if cached else self.kube.get(api.API_VERSION, api.KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None  # gone: garbage collection removes the children
         return self.reconcile_body(body)
@@ -187,7 +194,8 @@ class Reconciler:
         if spec is not None:
             kwargs = {"fetch": self.fetch_config} if self.fetch_config else {}
             plan = pipeline.plan_server(name, namespace, spec, hf_endpoint=self.hf_endpoint,
-                                        default_prometheus_url=self.prometheus_url, **kwargs)
+                                        default_prometheus_url=self.prometheus_url,
+                                        allow_unsafe_args=api.allows_unsafe_args(meta), **kwargs)
             errors = [str(p) for p in plan.problems]
 
         old_valid = condition(status, "SpecValid")
@@ -228,7 +236,17 @@ class Reconciler:
                     autoscaled = obj["kind"] == "StatefulSet" and not builders.owns_replicas(spec)
                     if autoscaled and current is not None:
                         self._adopt_replicas(current, spec)
-                    applied = self.kube.apply(obj)
+                    try:
+                        applied = self._remember(self.kube.apply(obj))
+                    except ApiError as e:
+                        if self._replace_immutable(obj, e):
+                            result.events.append(("Normal", "Recreating", f"{obj['kind']} {obj['metadata']['name']}: "
+                                                  "its volumeClaimTemplates changed (spec.cache), which Kubernetes "
+                                                  "cannot update in place; deleted it keeping its pods, to "
+                                                  "re-create it"))
+                            for type_, reason, message in result.events:
+                                self.event(body, type_, reason, message)
+                        raise
                     if autoscaled and current is None:
                         self._adopt_replicas(applied, spec)
                     result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
@@ -237,13 +255,17 @@ class Reconciler:
             for (kind, child), obj in live.items():  # owned by us, no longer wanted
                 if self.kube.delete(obj["apiVersion"], kind, namespace, child, uid=obj["metadata"]["uid"]):
                     result.pruned.append(f"{kind}/{child}")
+                if self.objects is not None:
+                    self.objects.forget(obj)
             if result.pruned:
                 result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
             if result.applied:
                 result.events.append(("Normal", "Applied", f"applied {', '.join(result.applied)}; vllm serve "
                                       + " ".join(plan.args)))
             progress = workload_progress(workload)
-            pods = self.kube.list("v1", "Pod", namespace, label_selector=builders.selector_string(name))
+            cached = self._cached()
+            pods = cached.pods(namespace, name) if cached else self.kube.list(
+                "v1", "Pod", namespace, label_selector=builders.selector_string(name))
             trouble = pod_trouble(pods)
             if trouble:
                 conditions = set_condition(conditions, "Degraded", "True", "PodFailing", trouble, generation, now)
@@ -264,6 +286,10 @@ class Reconciler:
         new_status["conditions"] = [c for c in new_status["conditions"] if c["type"] in OWN_CONDITIONS]
         self._transition_events(status, new_status["conditions"], result)
         if new_status != own_status(status):
+            if log.isEnabledFor(logging.DEBUG):
+                old_own = own_status(status)
+                log.debug("status of %s/%s changed: %s", namespace, name,
+                          sorted(k for k in new_status if new_status.get(k) != old_own.get(k)))
             self.write_status(body, new_status)
             result.status_written = True
         if not ownership.runs_operator_loop(body.get("spec")) and ownership.has_status(status):
@@ -336,7 +362,33 @@ class Reconciler:
                     old.get("Degraded") != "True"):
                 result.events.append(("Warning", "PodFailing", c["message"]))
 
+    def _replace_immutable(self, obj: dict[str, Any], error: ApiError) -> bool:
+        """A StatefulSet whose immutable fields (volumeClaimTemplates: spec.cache) must change: delete it
+        with its pods orphaned, so the next reconcile creates it anew and it adopts them (the pods then roll
+        to the new template). Only an object this operator manages; True when it was deleted."""
+        if obj["kind"] != "StatefulSet" or error.status != 422 or "Forbidden" not in error.message:
+            return False
+        meta = obj["metadata"]
+        live = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        if live is None or (live["metadata"].get("labels") or {}).get(builders.SERVER_LABEL) != meta["name"]:
+            return False
+        log.info("re-creating %s/%s: %s", meta["namespace"], meta["name"], error.message)
+        deleted = self.kube.delete(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"],
+                                   uid=live["metadata"]["uid"], propagation="Orphan")
+        if deleted and self.objects is not None:
+            self.objects.forget(live)
+        return deleted
+
+    def _remember(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """Keep the answer to our own write until the watch delivers it (cache.py)."""
+        if self.objects is not None:
+            self.objects.remember(answer)
+        return answer
+
     def _live_children(self, namespace: str, name: str, uid: str) -> dict[tuple[str, str], dict[str, Any]]:
+        cached = self._cached()
+        if cached:
+            return cached.children(namespace, name, uid)
         selector = f"{builders.SERVER_LABEL}={name}"
         live: dict[tuple[str, str], dict[str, Any]] = {}
         for api_version, kind in self.managed_kinds():
@@ -357,9 +409,9 @@ class Reconciler:
     def write_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         """Server-side apply of the fields we own; fields we stop sending are removed by the server."""
         meta = body["metadata"]
-        self.kube.apply({"apiVersion": api.API_VERSION, "kind": api.KIND,
-                         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                         "status": status}, subresource="status")
+        self._remember(self.kube.apply({"apiVersion": api.API_VERSION, "kind": api.KIND,
+                                        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                                        "status": status}, subresource="status"))
 
     def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = body["metadata"]

@@ -13,6 +13,7 @@ touches the network at import time, and the YAML files are read once.
 from __future__ import annotations
 
 import functools
+import http.client
 import json
 import os
 import socket
@@ -250,7 +251,8 @@ def fetch_config(url_or_path: str, *, timeout: float = 5.0) -> dict[str, Any]:
                 raw = response.read(_MAX_CONFIG_BYTES + 1)
         except urllib.error.HTTPError as err:
             raise ValueError(f"could not fetch config.json from {target}: HTTP {err.code} {err.reason}") from err
-        except (urllib.error.URLError, socket.timeout, TimeoutError, OSError) as err:
+        except (urllib.error.URLError, socket.timeout, TimeoutError, OSError, http.client.HTTPException) as err:
+            # HTTPException: also a malformed URL, e.g. http.client.InvalidURL for "https://user:pw@host/"
             reason = getattr(err, "reason", err)
             raise ValueError(f"could not fetch config.json from {target}: {reason}") from err
         where = target

@@ -1,0 +1,215 @@
+"""What a reconcile reads, from memory: watch-fed copies of the servers, their children and pods.
+
+Without it every reconcile GETs its server and LISTs four child kinds and the pods; at 1,000
+servers those LISTs scan whole namespaces and dominate the API server's work (bench/scale.py).
+The operator already watches these kinds, so kopf indices (registered in operator_main) keep
+a slim copy of each object -- no managedFields but the owners of spec.replicas, no kopf
+bookkeeping -- keyed by server, and
+kopf runs no handler before every index holds its initial listing.
+
+A watch lags the operator's own writes by a moment. So that the next reconcile does not
+write again what it wrote a moment ago, the answers of its own writes are kept too (the
+write-through overlay) and win over the index until the watch delivers the same or a newer
+resourceVersion, the object's deletion is seen, or OVERLAY_SECONDS pass.
+
+Reads happen in the handler threads while kopf updates the indices on its event loop:
+lookups are plain dict reads and copies taken in one step, never iterations of live dicts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Mapping, Optional
+
+from . import api, builders
+
+#: kopf index ids (handler ids in operator_main): the server kwargs of every handler carry them.
+SERVERS_INDEX = "vllm_servers"
+CHILDREN_INDEX = "vllm_children"
+PODS_INDEX = "vllm_pods"
+#: How long an own write's answer may stand in for a watch event that has not arrived yet.
+OVERLAY_SECONDS = 30.0
+
+#: kopf's own bookkeeping annotations: the last-handled spec (as big as the spec) is never read here.
+_DROP_ANNOTATIONS = (f"{api.GROUP}/last-handled-configuration", "kubectl.kubernetes.io/last-applied-configuration")
+
+
+def slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields a reconcile reads of a server or child (a plain dict, safe to keep)."""
+    meta = body.get("metadata") or {}
+    out_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "generation", "labels",
+                                     "ownerReferences", "deletionTimestamp", "finalizers") if k in meta}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _DROP_ANNOTATIONS}
+    if annotations:
+        out_meta["annotations"] = annotations
+    # Of managedFields only who owns spec.replicas is read (autoscaler/ownership.py); the rest is the
+    # biggest part of an object and stays out.
+    replicas_owners = [{"manager": e.get("manager"), "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+                       for e in meta.get("managedFields") or []
+                       if "f:replicas" in ((e.get("fieldsV1") or {}).get("f:spec") or {})]
+    if replicas_owners:
+        out_meta["managedFields"] = replicas_owners
+    out = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": _plain(out_meta)}
+    for key in ("spec", "status"):
+        if body.get(key) is not None:
+            out[key] = _plain(body[key])
+    return out
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What pod_trouble() reads of a pod: its name and container states."""
+    statuses = [{k: cs[k] for k in ("name", "state", "lastState", "restartCount") if k in cs}
+                for cs in (body.get("status") or {}).get("containerStatuses") or []]
+    return {"metadata": {"name": body["metadata"]["name"], "uid": body["metadata"].get("uid")},
+            "status": _plain({"containerStatuses": statuses})}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _rv(obj: Optional[Mapping[str, Any]]) -> int:
+    """The resourceVersion as a number (etcd's revision); -1 when absent or not a number."""
+    try:
+        return int((obj or {}).get("metadata", {}).get("resourceVersion"))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _values(index: Optional[Mapping], key: Any) -> list:
+    """A copy of one index entry's values, taken in one step (kopf may update it meanwhile)."""
+    if index is None:
+        return []
+    try:
+        store = index.get(key)
+    except (KeyError, RuntimeError):
+        return []
+    for _ in range(5):
+        try:
+            return list(store) if store is not None else []
+        except RuntimeError:  # changed size during the copy: copy again
+            continue
+    return []
+
+
+class WatchedObjects:
+    """The reconciler's view of the cluster, from kopf indices plus the answers of its own writes."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.indices: Optional[Mapping[str, Mapping]] = None
+        # (namespace, server) -> (kind, name) -> (when, object as our write's answer)
+        self._overlay: dict[tuple[str, str], dict[tuple[str, str], tuple[float, dict[str, Any]]]] = {}
+        self._lock = threading.Lock()
+        self.clock = clock
+
+    @property
+    def ready(self) -> bool:
+        return self.indices is not None
+
+    def bind(self, kwargs: Mapping[str, Any]) -> None:
+        """Take the indices from a kopf handler's kwargs (the same objects for every handler)."""
+        if self.indices is None and CHILDREN_INDEX in kwargs:
+            self.indices = {k: kwargs[k] for k in (SERVERS_INDEX, CHILDREN_INDEX, PODS_INDEX) if k in kwargs}
+
+    # ---- own writes
+    @staticmethod
+    def _keys(obj: Mapping[str, Any]) -> Optional[tuple[tuple[str, str], tuple[str, str]]]:
+        meta = obj.get("metadata") or {}
+        kind, namespace, name = obj.get("kind") or "", meta.get("namespace") or "", meta.get("name") or ""
+        server = name if kind == api.KIND else (meta.get("labels") or {}).get(builders.SERVER_LABEL)
+        return ((namespace, server), (kind, name)) if server else None
+
+    def remember(self, obj: Mapping[str, Any]) -> None:
+        """An object as the API server answered our write (apply, status apply)."""
+        keys = self._keys(obj)
+        if keys is not None:
+            with self._lock:
+                self._overlay.setdefault(keys[0], {})[keys[1]] = (self.clock(), slim(obj))
+
+    def forget(self, obj: Mapping[str, Any]) -> None:
+        """The object was deleted (by us, or a watch said so)."""
+        keys = self._keys(obj)
+        if keys is not None:
+            with self._lock:
+                entries = self._overlay.get(keys[0], {})
+                entries.pop(keys[1], None)
+                if not entries:
+                    self._overlay.pop(keys[0], None)
+
+    def _written(self, owner: tuple[str, str]) -> dict[tuple[str, str], tuple[float, dict[str, Any]]]:
+        with self._lock:
+            return dict(self._overlay.get(owner, {}))
+
+    def _merge(self, owner: tuple[str, str], key: tuple[str, str], watched: Optional[dict[str, Any]],
+               entry: Optional[tuple[float, dict[str, Any]]]) -> Optional[dict[str, Any]]:
+        """The newer of what the watch delivered and what our own write answered."""
+        if entry is None:
+            return watched
+        at, written = entry
+        if self.clock() - at > OVERLAY_SECONDS or (watched is not None and _rv(watched) >= _rv(written)):
+            with self._lock:  # the watch caught up (or never will): drop our copy
+                entries = self._overlay.get(owner, {})
+                if entries.get(key) is entry:
+                    del entries[key]
+                    if not entries:
+                        self._overlay.pop(owner, None)
+            return watched
+        if watched is not None and watched["metadata"].get("uid") != written["metadata"].get("uid"):
+            return watched  # re-created since our write
+        return written
+
+    def overlay_size(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._overlay.values())
+
+    # ---- reads
+    def server(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        found = _values(self.indices and self.indices.get(SERVERS_INDEX), (namespace, name))
+        watched = max(found, key=_rv) if found else None
+        owner, key = (namespace, name), (api.KIND, name)
+        return self._merge(owner, key, watched, self._written(owner).get(key))
+
+    def children(self, namespace: str, name: str, uid: str) -> dict[tuple[str, str], dict[str, Any]]:
+        """The server's children (controller reference to `uid`), keyed by (kind, name)."""
+        owner = (namespace, name)
+        watched = {(o["kind"], o["metadata"]["name"]): o
+                   for o in _values(self.indices and self.indices.get(CHILDREN_INDEX), owner)}
+        written = self._written(owner)
+        out = {}
+        for key in watched.keys() | (written.keys() - {(api.KIND, name)}):
+            merged = self._merge(owner, key, watched.get(key), written.get(key))
+            if merged is None:
+                continue
+            if any(o.get("uid") == uid and o.get("controller") for o in merged["metadata"].get("ownerReferences") or []):
+                out[key] = merged
+        return out
+
+    def pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return _values(self.indices and self.indices.get(PODS_INDEX), (namespace, name))
+
+
+# --------------------------------------------------------------------------- kopf index functions
+def index_server(body: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    meta = body["metadata"]
+    return {(meta["namespace"], meta["name"]): slim(body)}
+
+
+def index_child(body: Mapping[str, Any]) -> Optional[dict[tuple[str, str], dict[str, Any]]]:
+    meta = body["metadata"]
+    server = (meta.get("labels") or {}).get(builders.SERVER_LABEL)
+    if not server or not meta.get("namespace"):
+        return None
+    return {(meta["namespace"], server): slim(body)}
+
+
+def index_pod(body: Mapping[str, Any]) -> Optional[dict[tuple[str, str], dict[str, Any]]]:
+    meta = body["metadata"]
+    instance = (meta.get("labels") or {}).get("app.kubernetes.io/instance")
+    if not instance:
+        return None
+    return {(meta["namespace"], instance): slim_pod(body)}
