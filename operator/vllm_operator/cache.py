@@ -7,6 +7,9 @@ a slim copy of each object -- no managedFields but the owners of spec.replicas, 
 bookkeeping -- keyed by server, and
 kopf runs no handler before every index holds its initial listing.
 
+Each copy is kept as compact JSON and decoded when a reconcile reads it: a tenth of the
+memory of the same object as Python dicts, for a fraction of a millisecond per read.
+
 A watch lags the operator's own writes by a moment. So that the next reconcile does not
 write again what it wrote a moment ago, the answers of its own writes are kept too (the
 write-through overlay) and win over the index until the watch delivers the same or a newer
@@ -18,6 +21,7 @@ lookups are plain dict reads and copies taken in one step, never iterations of l
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any, Callable, Mapping, Optional
@@ -169,7 +173,7 @@ class WatchedObjects:
 
     # ---- reads
     def server(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
-        found = _values(self.indices and self.indices.get(SERVERS_INDEX), (namespace, name))
+        found = [unpack(v) for v in _values(self.indices and self.indices.get(SERVERS_INDEX), (namespace, name))]
         watched = max(found, key=_rv) if found else None
         owner, key = (namespace, name), (api.KIND, name)
         return self._merge(owner, key, watched, self._written(owner).get(key))
@@ -178,7 +182,7 @@ class WatchedObjects:
         """The server's children (controller reference to `uid`), keyed by (kind, name)."""
         owner = (namespace, name)
         watched = {(o["kind"], o["metadata"]["name"]): o
-                   for o in _values(self.indices and self.indices.get(CHILDREN_INDEX), owner)}
+                   for o in map(unpack, _values(self.indices and self.indices.get(CHILDREN_INDEX), owner))}
         written = self._written(owner)
         out = {}
         for key in watched.keys() | (written.keys() - {(api.KIND, name)}):
@@ -190,26 +194,35 @@ class WatchedObjects:
         return out
 
     def pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        return _values(self.indices and self.indices.get(PODS_INDEX), (namespace, name))
+        return [unpack(v) for v in _values(self.indices and self.indices.get(PODS_INDEX), (namespace, name))]
 
 
 # --------------------------------------------------------------------------- kopf index functions
-def index_server(body: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+def pack(obj: dict[str, Any]) -> bytes:
+    """Compact JSON: a kept StatefulSet is ~3 KB this way, ~20 KB as Python dicts (bench/scale.py's RSS)."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def unpack(packed: bytes) -> dict[str, Any]:
+    return json.loads(packed)
+
+
+def index_server(body: Mapping[str, Any]) -> dict[tuple[str, str], bytes]:
     meta = body["metadata"]
-    return {(meta["namespace"], meta["name"]): slim(body)}
+    return {(meta["namespace"], meta["name"]): pack(slim(body))}
 
 
-def index_child(body: Mapping[str, Any]) -> Optional[dict[tuple[str, str], dict[str, Any]]]:
+def index_child(body: Mapping[str, Any]) -> Optional[dict[tuple[str, str], bytes]]:
     meta = body["metadata"]
     server = (meta.get("labels") or {}).get(builders.SERVER_LABEL)
     if not server or not meta.get("namespace"):
         return None
-    return {(meta["namespace"], server): slim(body)}
+    return {(meta["namespace"], server): pack(slim(body))}
 
 
-def index_pod(body: Mapping[str, Any]) -> Optional[dict[tuple[str, str], dict[str, Any]]]:
+def index_pod(body: Mapping[str, Any]) -> Optional[dict[tuple[str, str], bytes]]:
     meta = body["metadata"]
     instance = (meta.get("labels") or {}).get("app.kubernetes.io/instance")
     if not instance:
         return None
-    return {(meta["namespace"], instance): slim_pod(body)}
+    return {(meta["namespace"], instance): pack(slim_pod(body))}

@@ -1,0 +1,128 @@
+"""The reconciler's watch-fed view (cache.py), pure: kopf indices are played by plain mappings."""
+
+from __future__ import annotations
+
+from vllm_operator import api, builders, cache
+
+
+def child(kind: str, name: str, server: str = "srv", uid: str = "u1", rv: int = 10, **extra) -> dict:
+    return {
+        "apiVersion": "v1", "kind": kind,
+        "metadata": {"name": name, "namespace": "ns", "uid": f"{kind}-{name}-{rv}", "resourceVersion": str(rv),
+                     "labels": {builders.SERVER_LABEL: server},
+                     "ownerReferences": [{"uid": uid, "controller": True, "kind": api.KIND}],
+                     "managedFields": [{"manager": "x", "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {}}}},
+                                       {"manager": "y", "fieldsV1": {"f:metadata": {}}}],
+                     "annotations": {"vllm-operator.io/desired-hash": "h",
+                                     "kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
+        "spec": {"replicas": 1}, **extra,
+    }
+
+
+class FakeIndex(dict):
+    """kopf's Index: key -> Store (a collection of values)."""
+
+    def put(self, key, value):
+        self.setdefault(key, []).append(value)
+
+
+def objects_with(*children, servers=(), pods=()) -> tuple[cache.WatchedObjects, FakeIndex]:
+    idx_children, idx_servers, idx_pods = FakeIndex(), FakeIndex(), FakeIndex()
+    for c in children:
+        for key, value in cache.index_child(c).items():
+            idx_children.put(key, value)
+    for s in servers:
+        for key, value in cache.index_server(s).items():
+            idx_servers.put(key, value)
+    for p in pods:
+        for key, value in cache.index_pod(p).items():
+            idx_pods.put(key, value)
+    objects = cache.WatchedObjects(clock=lambda: 0.0)
+    objects.bind({cache.SERVERS_INDEX: idx_servers, cache.CHILDREN_INDEX: idx_children,
+                  cache.PODS_INDEX: idx_pods, "other": object()})
+    return objects, idx_children
+
+
+def test_not_ready_until_bound_to_kopfs_indices():
+    objects = cache.WatchedObjects()
+    assert not objects.ready
+    objects.bind({"logger": None})
+    assert not objects.ready
+
+
+def test_slim_keeps_what_a_reconcile_reads_and_drops_the_rest():
+    s = cache.slim(child("StatefulSet", "srv"))
+    assert s["metadata"]["annotations"] == {"vllm-operator.io/desired-hash": "h"}
+    assert s["metadata"]["managedFields"] == [{"manager": "x", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
+    assert s["spec"] == {"replicas": 1} and s["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert cache.unpack(cache.pack(s)) == s
+
+
+def test_children_are_the_servers_own_by_controller_uid():
+    objects, _ = objects_with(child("Service", "srv"), child("StatefulSet", "srv"),
+                              child("Service", "srv-old", uid="old-uid"), child("Service", "other", server="other"))
+    assert sorted(objects.children("ns", "srv", "u1")) == [("Service", "srv"), ("StatefulSet", "srv")]
+
+
+def test_an_own_write_stands_in_until_the_watch_catches_up():
+    objects, idx = objects_with(child("StatefulSet", "srv", rv=10))
+    newer = child("StatefulSet", "srv", rv=12)
+    newer["metadata"]["uid"] = "StatefulSet-srv-10"  # the same object, written by us
+    newer["spec"] = {"replicas": 3}
+    objects.remember(newer)
+    assert objects.children("ns", "srv", "u1")[("StatefulSet", "srv")]["spec"] == {"replicas": 3}
+    assert objects.overlay_size() == 1
+    idx[("ns", "srv")] = [cache.pack(cache.slim(newer))]  # the watch delivers it
+    assert objects.children("ns", "srv", "u1")[("StatefulSet", "srv")]["spec"] == {"replicas": 3}
+    assert objects.overlay_size() == 0
+
+
+def test_a_created_child_is_seen_before_its_watch_event():
+    objects, _ = objects_with()
+    objects.remember(child("Service", "srv", rv=5))
+    assert list(objects.children("ns", "srv", "u1")) == [("Service", "srv")]
+
+
+def test_forget_and_expiry_drop_the_overlay():
+    objects, _ = objects_with()
+    svc = child("Service", "srv", rv=5)
+    objects.remember(svc)
+    objects.forget(svc)
+    assert objects.children("ns", "srv", "u1") == {}
+    objects.remember(svc)
+    objects.clock = lambda: cache.OVERLAY_SECONDS + 1
+    assert objects.children("ns", "srv", "u1") == {}
+    assert objects.overlay_size() == 0
+
+
+def test_a_recreated_object_wins_over_an_older_write():
+    objects, idx = objects_with()
+    objects.remember(child("Service", "srv", rv=50))
+    recreated = child("Service", "srv", rv=20)
+    recreated["metadata"]["uid"] = "new-uid"
+    idx.put(("ns", "srv"), cache.pack(cache.slim(recreated)))
+    assert objects.children("ns", "srv", "u1")[("Service", "srv")]["metadata"]["uid"] == "new-uid"
+
+
+def test_server_status_writes_are_remembered_too():
+    server = {"apiVersion": api.API_VERSION, "kind": api.KIND,
+              "metadata": {"name": "srv", "namespace": "ns", "uid": "u1", "resourceVersion": "7", "generation": 1},
+              "spec": {"model": {"name": "m"}}}
+    objects, _ = objects_with(servers=[server])
+    assert objects.server("ns", "srv")["metadata"]["resourceVersion"] == "7"
+    written = {**server, "metadata": {**server["metadata"], "resourceVersion": "9"}, "status": {"observedGeneration": 1}}
+    objects.remember(written)
+    assert objects.server("ns", "srv")["status"] == {"observedGeneration": 1}
+    assert objects.server("ns", "gone") is None
+
+
+def test_pods_keep_only_container_states():
+    pod = {"metadata": {"name": "srv-0", "namespace": "ns", "uid": "p", "labels": {"app.kubernetes.io/instance": "srv"}},
+           "spec": {"containers": [{"name": "vllm"}]},
+           "status": {"phase": "Running", "containerStatuses": [{"name": "vllm", "restartCount": 3, "image": "x",
+                                                                  "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+    objects, _ = objects_with(pods=[pod])
+    [kept] = objects.pods("ns", "srv")
+    assert kept == {"metadata": {"name": "srv-0", "uid": "p"},
+                    "status": {"containerStatuses": [{"name": "vllm", "state": {"waiting": {
+                        "reason": "CrashLoopBackOff"}}, "restartCount": 3}]}}
