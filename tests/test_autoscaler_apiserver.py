@@ -53,11 +53,12 @@ class ScriptedSource:
 
     def __init__(self):
         self.waiting: dict[str, float] = {}
+        self.running = 1.0
         self.asked: list[list[str]] = []
 
     def read(self, pods):
         self.asked.append([p.name for p in pods])
-        return [Sample(p.name, waiting=self.waiting[p.name], running=1, kv_cache_usage=0.25) if p.name in self.waiting
+        return [Sample(p.name, waiting=self.waiting[p.name], running=self.running, kv_cache_usage=0.25) if p.name in self.waiting
                 else Sample.failed(p.name, f"GET http://{p.ip}:{p.port}/metrics: connection refused") for p in pods]
 
 
@@ -214,8 +215,10 @@ def test_status_conditions_and_events_from_two_field_managers(control_plane, kub
         assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
         assert sts(kube, namespace, name)["spec"]["replicas"] == 3
 
-        # Back and idle: scale down (window 0), ScaledDown event.
+        # Back and idle (nothing waiting or running): scale down (window 0), ScaledDown event.
+        # Running requests set a floor for scale-down, so the idle phase has none.
         source.waiting = {f"{name}-{i}": 0.0 for i in range(3)}
+        source.running = 0.0
         clock[0] += 60  # past the window of the holds
         r = scaler.tick(get_server(kube, namespace, name))
         assert r.scaled and r.decision.desired == 1, r.decision.reason
