@@ -85,6 +85,12 @@ class LoadGenerator:
             self._thread.join(timeout)
         return self.stats
 
+    def set_concurrency(self, n: int) -> None:
+        """Closed loop: raise the number of clients (more requests in flight from now on)."""
+        if not self.concurrency or n < self.concurrency:
+            raise ValueError("only a closed-loop load's concurrency can be raised")
+        self.concurrency = n
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -157,10 +163,14 @@ class LoadGenerator:
                 self.stats.sent += 1
                 await self._one(session, url)
 
-        clients = [asyncio.create_task(client()) for _ in range(self.concurrency)]
+        clients: list[asyncio.Task] = []
         stopper = asyncio.create_task(self._stop.wait())
-        while not self._stop.is_set() and time.monotonic() < deadline and not all(c.done() for c in clients):
-            await asyncio.wait([stopper, *clients], timeout=max(0.0, deadline - time.monotonic()),
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            while len(clients) < self.concurrency:  # set_concurrency() may have raised it
+                clients.append(asyncio.create_task(client()))
+            if all(c.done() for c in clients):
+                break
+            await asyncio.wait([stopper, *clients], timeout=min(0.2, max(0.0, deadline - time.monotonic())),
                                return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
         for c in clients:

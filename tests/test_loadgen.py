@@ -99,3 +99,20 @@ def test_closed_loop_keeps_a_constant_number_in_flight(server):
     assert 0.7 < s.stopped_at - s.started_at < 5, "4 rounds of 3 requests of 0.2 s"
     with pytest.raises(ValueError):
         LoadGenerator(lambda: [url], rate=1, concurrency=2, max_requests=1, duration=1)
+
+
+def test_closed_loop_concurrency_can_be_raised(server):
+    url, _ = server(30.0)  # requests stay in flight
+    gen = LoadGenerator(lambda: [url], concurrency=2, max_requests=100, duration=20).start()
+    deadline = time.monotonic() + 5
+    while gen.stats.sent < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gen.stats.sent == 2
+    gen.set_concurrency(5)
+    deadline = time.monotonic() + 5
+    while gen.stats.sent < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    s = gen.stop()
+    assert s.sent == 5 and s.cancelled == 5
+    with pytest.raises(ValueError):
+        LoadGenerator(lambda: [url], rate=1, max_requests=1, duration=1).set_concurrency(3)
