@@ -312,9 +312,18 @@ class ControlPlane(_KubeMixin):
                 raise ControlPlaneError("control plane not started")
             if p.poll() is None:
                 return
-            self._spawn("kube-apiserver", self._apiserver_cmd)
             deadline = time.monotonic() + (timeout or self.start_timeout)
-            self._wait("kube-apiserver /readyz after a restart", lambda: self._get("/readyz")[0] == 200, deadline)
+            for attempt in range(3):
+                self._spawn("kube-apiserver", self._apiserver_cmd)
+                try:
+                    self._wait("kube-apiserver /readyz after a restart", lambda: self._get("/readyz")[0] == 200,
+                               deadline)
+                    return
+                except ControlPlaneError:
+                    # It can exit at once (the old socket not yet free, etcd busy): try again, keeping the log.
+                    if attempt == 2 or time.monotonic() > deadline or self._procs["kube-apiserver"].poll() is None:
+                        raise
+                    time.sleep(1.0)
 
     def start(self) -> "ControlPlane":
         if self._procs:

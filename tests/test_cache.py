@@ -116,13 +116,32 @@ def test_server_status_writes_are_remembered_too():
     assert objects.server("ns", "gone") is None
 
 
-def test_pods_keep_only_container_states():
-    pod = {"metadata": {"name": "srv-0", "namespace": "ns", "uid": "p", "labels": {"app.kubernetes.io/instance": "srv"}},
-           "spec": {"containers": [{"name": "vllm"}]},
-           "status": {"phase": "Running", "containerStatuses": [{"name": "vllm", "restartCount": 3, "image": "x",
-                                                                  "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+def test_pods_keep_what_the_reconciler_and_the_autoscaler_read():
+    pod = {"metadata": {"name": "srv-0", "namespace": "ns", "uid": "p", "labels": {"app.kubernetes.io/instance": "srv"},
+                        "creationTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{"manager": "kubelet"}]},
+           "spec": {"containers": [{"name": "vllm", "args": ["m", "--max-num-seqs", "8"], "image": "x",
+                                    "ports": [{"name": "http", "containerPort": 8000}], "env": [{"name": "A"}],
+                                    "startupProbe": {"periodSeconds": 10}}], "volumes": [{"name": "cache"}]},
+           "status": {"phase": "Running", "podIP": "10.0.0.5", "conditions": [{"type": "Ready", "status": "True"}],
+                      "containerStatuses": [{"name": "vllm", "restartCount": 3, "image": "x", "ready": True,
+                                             "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
     objects, _ = objects_with(pods=[pod])
     [kept] = objects.pods("ns", "srv")
-    assert kept == {"metadata": {"name": "srv-0", "uid": "p"},
-                    "status": {"containerStatuses": [{"name": "vllm", "state": {"waiting": {
-                        "reason": "CrashLoopBackOff"}}, "restartCount": 3}]}}
+    assert kept == {
+        "metadata": {"name": "srv-0", "namespace": "ns", "uid": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"containers": [{"name": "vllm", "args": ["m", "--max-num-seqs", "8"],
+                                 "ports": [{"name": "http", "containerPort": 8000}],
+                                 "startupProbe": {"periodSeconds": 10}}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.5", "conditions": [{"type": "Ready", "status": "True"}],
+                   "containerStatuses": [{"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                          "restartCount": 3, "ready": True}]}}
+
+
+def test_expired_writes_of_servers_never_read_again_are_swept():
+    now = [0.0]
+    objects = cache.WatchedObjects(clock=lambda: now[0])
+    objects.remember(child("Service", "gone", server="gone"))
+    now[0] = cache.OVERLAY_SECONDS + 1
+    for i in range(256):
+        objects.remember(child("Service", f"s{i}", server=f"s{i}"))
+    assert objects.overlay_size() == 256  # "gone" swept without ever being read

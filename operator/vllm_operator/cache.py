@@ -62,11 +62,20 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What pod_trouble() reads of a pod: its name and container states."""
-    statuses = [{k: cs[k] for k in ("name", "state", "lastState", "restartCount") if k in cs}
-                for cs in (body.get("status") or {}).get("containerStatuses") or []]
-    return {"metadata": {"name": body["metadata"]["name"], "uid": body["metadata"].get("uid")},
-            "status": _plain({"containerStatuses": statuses})}
+    """What the reconciler (pod_trouble: container states) and the autoscaler (readiness, IP, start times,
+    the container's args, ports and startup probe) read of a pod."""
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    statuses = [{k: cs[k] for k in ("name", "state", "lastState", "restartCount", "ready") if k in cs}
+                for cs in status.get("containerStatuses") or []]
+    containers = [{k: c[k] for k in ("name", "args", "ports", "startupProbe") if k in c}
+                  for c in (body.get("spec") or {}).get("containers") or []]
+    return _plain({
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
+                                          "resourceVersion") if k in meta},
+        "spec": {"containers": containers},
+        "status": {**{k: status[k] for k in ("phase", "podIP", "conditions", "startTime") if k in status},
+                   "containerStatuses": statuses},
+    })
 
 
 def _plain(value: Any) -> Any:
@@ -109,6 +118,7 @@ class WatchedObjects:
         # (namespace, server) -> (kind, name) -> (when, object as our write's answer)
         self._overlay: dict[tuple[str, str], dict[tuple[str, str], tuple[float, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
+        self._writes = 0
         self.clock = clock
 
     @property
@@ -132,8 +142,17 @@ class WatchedObjects:
         """An object as the API server answered our write (apply, status apply)."""
         keys = self._keys(obj)
         if keys is not None:
+            now = self.clock()
             with self._lock:
-                self._overlay.setdefault(keys[0], {})[keys[1]] = (self.clock(), slim(obj))
+                self._overlay.setdefault(keys[0], {})[keys[1]] = (now, slim(obj))
+                self._writes += 1
+                if self._writes % 256 == 0:  # entries never read again (a deleted server's) expire here
+                    for owner in list(self._overlay):
+                        entries = self._overlay[owner]
+                        for key in [k for k, (at, _) in entries.items() if now - at > OVERLAY_SECONDS]:
+                            del entries[key]
+                        if not entries:
+                            del self._overlay[owner]
 
     def forget(self, obj: Mapping[str, Any]) -> None:
         """The object was deleted (by us, or a watch said so)."""

@@ -212,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
     STATE.reconciler = make_reconciler(args)
     register_indices(STATE.reconciler)
     # One queue-based autoscaler loop per VLLMServer with autoscaling.mode Operator (autoscaler/actuator.py).
-    actuator.register(STATE.reconciler.kube, default_prometheus_url=getattr(args, "prometheus_url", None))
+    actuator.register(STATE.reconciler.kube, default_prometheus_url=getattr(args, "prometheus_url", None),
+                      objects=STATE.reconciler.objects)
     namespaces = list(args.namespace)
     # kopf's HTTP connections in a bounded pool (apisession.py): servers, each managed kind, pods, peering.
     watched = len(STATE.reconciler.managed_kinds()) + 3
