@@ -25,14 +25,15 @@ def _die_with_parent() -> None:
 
 class OperatorProcess:
     def __init__(self, kubeconfig: str | os.PathLike, log_path: str | os.PathLike,
-                 extra_args: Sequence[str] = (), resync_seconds: float = 3.0):
+                 extra_args: Sequence[str] = (), resync_seconds: float = 3.0, env: Optional[dict] = None):
         self.kubeconfig = str(kubeconfig)
+        self.env = dict(env or {})
         self.log_path = Path(log_path)
         self.args = ["--resync-seconds", str(resync_seconds), "--health-port", "0", *extra_args]
         self.proc: Optional[subprocess.Popen] = None
 
     def start(self) -> "OperatorProcess":
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1", **self.env}
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "vllm_operator.cli", "run", *self.args],
                                      stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)

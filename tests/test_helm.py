@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets as random
 import subprocess
 
@@ -18,16 +19,18 @@ import yaml
 
 from e2e.controlplane import wait_for
 from e2e.lua_health import run_health_check
-from e2e.operator_install import (ROOT, children, condition, get_server, http_get, load_example, rbac_trouble,
-                                  run_as_installed, serve_example_until_ready)
+from e2e.operator_install import (ROOT, children, condition, get_server, http_get, load_example, operator_deployment,
+                                  rbac_trouble, run_as_installed, serve_example_until_ready)
 from e2e.serviceaccount import can_i, service_account_kubeconfig
 from vllm_operator import packaging
+from vllm_operator.kube import Kube
 
 pytestmark = pytest.mark.apiserver
 
 helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="e2e/run-tests.sh installs helm-sdkpy")
 
 CHART = str(ROOT / packaging.CHART)
+ACTED = re.compile(r"Handler '[^']+' (succeeded|failed)|reconciled ")
 
 
 class Helm:
@@ -209,3 +212,51 @@ def test_roles_only_needs_disable_scanning(control_plane, namespace, extra_names
     with run_as_installed(cp, namespace, tmp_path, drop_args=("--disable-scanning",)) as (proc, _, _):
         trouble = wait_for(lambda: rbac_trouble(proc.log_tail(100000)), 60, "kopf's 403 on a cluster-wide list")
     assert any('cannot list resource \\"namespaces\\"' in line for line in trouble), trouble
+
+
+def test_high_availability_two_replicas_under_the_charts_account(control_plane, k8s, namespace, extra_namespace,
+                                                                 tmp_path):
+    """highAvailability.enabled: two replicas with kopf peering under the chart's RBAC. The older
+    one acts, the other stands by with its keep-alive in the peering object; when the active one
+    stops (as a rolling update stops it), the other resumes and repairs drift."""
+    cp, release, kube = control_plane, release_name(), Kube(k8s)
+    app = extra_namespace()
+    values = {"highAvailability": {"enabled": True, "peeringName": release, "lifetimeSeconds": 10},
+              "operator": {"resyncSeconds": 5, "logFormat": "text"}}
+    Helm(cp, namespace).install(release, values)
+    deployment = operator_deployment(cp, namespace)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert f"--peering={release}" in container["args"] and "--peering-lifetime=10" in container["args"]
+    assert container["env"] == [{"name": "POD_ID", "valueFrom": {"fieldRef": {"apiVersion": "v1",
+                                                                              "fieldPath": "metadata.name"}}}]
+    peers_path = f"/apis/kopf.dev/v1/clusterkopfpeerings/{release}"
+    try:
+        with run_as_installed(cp, namespace, tmp_path, tag="replica-a") as (a, _, _):
+            with run_as_installed(cp, namespace, tmp_path, tag="replica-b") as (b, _, _):
+                # both keep-alives, under the names the downward API gives (the pods' names)
+                wait_for(lambda: set(kube.request("GET", peers_path).get("status") or {}) == {"replica-a", "replica-b"},
+                         60, "both replicas' keep-alives in the ClusterKopfPeering")
+                # kopf starts a peered replica paused; the older one resumes, the newer one stays paused
+                wait_for(lambda: "Resuming operations" in a.log_tail(100000), 60, "the older replica acts")
+                serve_example_until_ready(cp, k8s, app, "llama", replicas=1)
+                standby = b.log_tail(100000)
+                assert "Resuming operations" not in standby and not ACTED.search(standby), standby
+                a.stop()  # SIGTERM: A withdraws its keep-alive, B resumes without waiting out its lifetime
+                wait_for(lambda: "Resuming operations" in b.log_tail(100000), 30, "B resumes")
+                cp.kubectl("delete", "service", "llama", "-n", app)
+                wait_for(lambda: "Service/llama" in children(cp, app, "llama"), 60, "B restores the deleted Service")
+                logs = a.log_tail(100000) + b.log_tail(100000)
+        assert rbac_trouble(logs) == []
+    finally:
+        kube.request("DELETE", peers_path)
+
+    # namespaced mode: each watched namespace's Role also grants its KopfPeering, nothing cluster-wide
+    docs = packaging.render_chart(ROOT / packaging.CHART, {**values, "operator": {"watchNamespaces": [app]}},
+                                  release=release, namespace=namespace)
+    [role] = [d for d in docs if d["kind"] == "Role"]
+    assert {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"],
+            "verbs": ["get", "list", "watch", "patch", "create"]} in role["rules"]
+    assert not [d for d in docs if d["kind"] == "ClusterRole"]

@@ -74,6 +74,22 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if and .Values.highAvailability.enabled .Values.operator.watchNamespaces }}
+# highAvailability, namespaced mode: kopf watches the KopfPeering of each watched namespace
+# and patches its keep-alive into it; the operator creates it at start when missing.
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch", "create"]
+{{- end }}
+{{- end -}}
+
+{{/* highAvailability, cluster-wide mode: the same on the one ClusterKopfPeering. */}}
+{{- define "vllm-operator.clusterPeeringRules" -}}
+{{- if and .Values.highAvailability.enabled (not .Values.operator.watchNamespaces) }}
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["get", "list", "watch", "patch", "create"]
+{{- end }}
 {{- end -}}
 
 {{/* What kopf reads at cluster scope: CRDs (to notice the VLLMServer CRD being reinstalled). */}}
