@@ -360,14 +360,18 @@ class FakeKubelet:
                     st.ready = self._desired_ready[key]
                 else:
                     st.ready = self.auto_ready if ready is None else bool(ready)
-        if st.reported_ready == st.ready and not new and pod.status.phase == "Running":
+        # What is patched is what is recorded as reported: set_ready() from another thread during
+        # the patch must leave them different, so the next sync sends the new value (recording
+        # st.ready after the call lost such an update and left a pod NotReady for good).
+        ready = st.ready
+        if st.reported_ready == ready and not new and pod.status.phase == "Running":
             return
-        self._patch_running(pod, st)
-        st.reported_ready = st.ready
+        self._patch_running(pod, st, ready)
+        st.reported_ready = ready
 
-    def _patch_running(self, pod: client.V1Pod, st: _PodState) -> None:
+    def _patch_running(self, pod: client.V1Pod, st: _PodState, is_ready: bool) -> None:
         now = _now()
-        ready = "True" if st.ready else "False"
+        ready = "True" if is_ready else "False"
         started = pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") if pod.status.start_time else now
 
         def cond(t: str, s: str) -> dict:
@@ -379,7 +383,7 @@ class FakeKubelet:
                 "image": c.image or "",
                 "imageID": f"fake://{c.image or ''}",
                 "containerID": f"fake://{st.uid}/{c.name}",
-                "ready": st.ready,
+                "ready": is_ready,
                 "started": True,
                 "restartCount": 0,
                 "state": {"running": {"startedAt": started}},

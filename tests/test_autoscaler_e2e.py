@@ -109,6 +109,7 @@ class VLLMPods:
         self.release: dict[str, threading.Event] = {}
         self.gate = False
         self.errors: list[str] = []
+        self.progress: dict[str, str] = {}  # pod -> where its readiness stands (for a failure's report)
         self._lock = threading.Lock()
 
     def url(self, pod: str) -> str:
@@ -135,14 +136,19 @@ class VLLMPods:
         return False  # Ready only once /health answers
 
     def _become_ready(self, name: str, server: vllm_env.VLLMProcess) -> None:
+        healthy, release = self.healthy[name], self.release[name]  # this pod's, whatever comes after it
+        self.progress[name] = "waiting for /health"
         try:
             server.wait_healthy(timeout=LOAD_TIMEOUT)
         except Exception as e:  # noqa: BLE001 - reported by the test
             self.errors.append(f"{name}: {e}")
+            self.progress[name] = f"failed: {e}"
             return
-        self.healthy[name].set()
-        self.release[name].wait()
+        healthy.set()
+        self.progress[name] = "healthy, waiting for the test's release"
+        release.wait()
         self.kubelet.set_ready(self.namespace, name, True)
+        self.progress[name] = f"set Ready at {time.strftime('%H:%M:%S')}"
 
     def on_pod_stop(self, pod, ip: str) -> None:
         with self._lock:
@@ -196,6 +202,8 @@ def stack(control_plane, k8s, tmp_path_factory):
             evs = [e for e in state["kube"].list("v1", "Event", namespace) if e["involvedObject"].get("name") == NAME]
             print("--- events\n" + "\n".join(f"{e['type']} {e['reason']}: {e['message'][:300]}" for e in evs[-15:]))
             print(f"--- kubelet errors: {kubelet.errors[-10:]}")
+            print(f"--- pods: {pods.progress}; addresses {pods.pod_ip}; kubelet's pods "
+                  f"{[(p.name, p.uid[:8], p.ip, p.ready, p.reported_ready) for p in kubelet._pods.values()]}")
         except Exception as e:  # noqa: BLE001 - a report, never a second failure
             print(f"(no status: {e})")
         if state["load"] is not None:

@@ -191,6 +191,37 @@ def test_node_selector_mismatch_stays_pending(k8s, namespace):
         assert kubelet.errors == []
 
 
+
+def test_set_ready_during_the_status_patch_is_not_lost(k8s, namespace):
+    """A pod's readiness flipped by another thread while the kubelet is patching that pod's
+    status reaches the API server at the next sync (the autoscaler e2e test hit this with a
+    warm vLLM that answered /health within the first patch, and its pod stayed NotReady).
+    The patch is wrapped to call set_ready() in the middle, so the interleaving is forced."""
+    core = client.CoreV1Api(k8s)
+    kubelet = FakeKubelet(k8s, namespace=namespace, node_name=f"fake-{namespace}"[:63], auto_ready=False,
+                          on_pod_start=lambda pod, ip: False)
+    real_patch = kubelet.core.patch_namespaced_pod_status
+    flipped = []
+
+    def patch_then_flip(name, ns, body):
+        result = real_patch(name, ns, body)
+        if not flipped:  # the first patch (NotReady) is on its way: the pod turns healthy now
+            flipped.append(name)
+            kubelet.set_ready(ns, name, True)
+        return result
+
+    kubelet.core.patch_namespaced_pod_status = patch_then_flip
+    with kubelet:
+        core.create_namespaced_pod(namespace, {"metadata": {"name": "warm"},
+                                               "spec": {"containers": [{"name": "main", "image": "x.invalid/y:1"}]}})
+
+        def ready():
+            p = core.read_namespaced_pod("warm", namespace)
+            return any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+
+        wait_for(ready, 30, "the pod Ready after set_ready() during the first patch")
+        assert flipped == ["warm"] and kubelet.errors == []
+
 @local_only
 def test_stop_leaves_no_processes(tmp_path):
     cp = ControlPlane(tmp_path / "cp")
