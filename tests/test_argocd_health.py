@@ -200,7 +200,10 @@ def test_daemonset_on_no_gpu_node_is_not_suspended():
     world = World({"workload": "DaemonSet", "cache": None}, example="llama-8b-single-gpu.yaml")
     world.reconcile()
     world.workload_reports(ready=0, desired=0)
-    assert health(world.reconcile())["status"] == "Healthy"
+    # not Suspended (nobody asked for zero) and not Healthy (it serves nothing): waiting for a GPU
+    # node, with the selector that no node matches
+    h = health(world.reconcile())
+    assert h["status"] == "Progressing" and "nvidia.com/gpu.product=NVIDIA-L4" in h["message"], h
 
 
 # --------------------------------------------------------------------------- the interpreter and the shipped copies

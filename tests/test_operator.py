@@ -142,12 +142,17 @@ def test_daemonset_mode_and_switching_workload_prunes(control_plane, operator, k
     wait_for(lambda: kube.get("v1", "Service", namespace, "per-node-headless"), 30, "headless Service")
     doc["spec"]["workload"] = "DaemonSet"
     doc["spec"].pop("cache")  # a DaemonSet cannot make a claim per pod
+    doc["spec"]["gpu"]["product"] = "NVIDIA-H100-80GB-HBM3"  # no node of this test bed carries it
     apply_server(control_plane, doc)
     ds = wait_for(lambda: kube.get("apps/v1", "DaemonSet", namespace, "per-node"), 30, "DaemonSet")
     assert "replicas" not in ds["spec"]
     wait_for(lambda: kube.get("apps/v1", "StatefulSet", namespace, "per-node") is None, 30, "StatefulSet pruned")
     wait_for(lambda: kube.get("v1", "Service", namespace, "per-node-headless") is None, 30, "headless pruned")
     assert kube.get("v1", "Service", namespace, "per-node") is not None
+    # No GPU node of that product: not "ready with zero replicas" but a reason naming the selector.
+    ready = wait_for(lambda: (lambda c: c if c.get("reason") == "NoMatchingNodes" else None)(
+        cond(get_server(kube, namespace, "per-node"), "Ready")), 60, "Ready=False/NoMatchingNodes")
+    assert ready["status"] == "False" and "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3" in ready["message"]
 
 
 def test_delete_garbage_collects_children(control_plane, operator, kube, namespace):

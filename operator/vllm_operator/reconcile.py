@@ -336,7 +336,19 @@ class Reconciler:
             return set_condition(conditions, "Progressing", "False" if stalled else "True",
                                  "InvalidSpec" if stalled else "Creating", "waiting for a valid spec" if stalled
                                  else "creating the workload", generation, now)
-        if desired == 0:
+        if desired == 0 and workload["kind"] == "DaemonSet":
+            # A DaemonSet's count is the nodes it matches: zero is not a choice but a cluster that has
+            # no such node (a GPU product label that no node carries, a taint not tolerated).
+            if progress["settled"]:
+                selector = (workload["spec"]["template"]["spec"].get("nodeSelector") or {})
+                ready_c = ("False", "NoMatchingNodes",
+                           "the DaemonSet runs on no node: no schedulable node matches its node selector "
+                           + (", ".join(f"{k}={v}" for k, v in sorted(selector.items())) or "(none)")
+                           + " and tolerates its taints (check spec.gpu.product, spec.nodeSelector, "
+                           "spec.tolerations)")
+            else:
+                ready_c = ("False", "NoReplicasReady", "waiting for the DaemonSet controller to count the nodes")
+        elif desired == 0:
             ready_c = ("True", "ScaledToZero", "no replicas requested")
         elif ready >= desired:
             ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
