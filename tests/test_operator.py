@@ -188,13 +188,16 @@ def test_invalid_spec_sets_condition_applies_nothing_and_recovers(control_plane,
     assert c["reason"] == "InvalidSpec"
     assert "spec.gpu.count" in c["message"] and "attention heads" in c["message"]
     assert c["observedGeneration"] == server["metadata"]["generation"]
+    stalled = cond(server, "Stalled")  # what kstatus (Flux) reads as failed
+    assert stalled["status"] == "True" and stalled["reason"] == "InvalidSpec" and stalled["message"] == c["message"]
     assert kube.get("apps/v1", "StatefulSet", namespace, "bad") is None
     assert kube.get("v1", "Service", namespace, "bad") is None
     wait_for(lambda: any(e["reason"] == "InvalidSpec" and e["type"] == "Warning"
                          for e in events_for(kube, namespace, "bad")), 30, "a Warning event")
     bad["spec"]["gpu"]["count"] = 2
     apply_server(control_plane, bad)
-    wait_status(kube, namespace, "bad", lambda s: cond(s, "SpecValid").get("status") == "True", "recovered")
+    server = wait_status(kube, namespace, "bad", lambda s: cond(s, "SpecValid").get("status") == "True", "recovered")
+    assert cond(server, "Stalled") == {}, "Stalled is removed once the spec is valid"
     wait_for(lambda: kube.get("apps/v1", "StatefulSet", namespace, "bad"), 30, "StatefulSet after the fix")
 
 

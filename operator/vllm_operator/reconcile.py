@@ -29,7 +29,7 @@ HASH_ANNOTATION = f"{api.GROUP}/desired-hash"
 #: Status fields this reconciler owns (server-side apply on /status under its field manager);
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan")
-OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler")
+OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
@@ -214,11 +214,15 @@ class Reconciler:
                                        "the spec cannot be deployed; the last valid version keeps running: " + message,
                                        generation, now)
             conditions = self._ready_conditions(conditions, progress, workload, generation, now, stalled=True)
+            # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
+            # waiting out its timeout on Ready=False; present only while the spec is invalid.
+            conditions = set_condition(conditions, "Stalled", "True", "InvalidSpec", message, generation, now)
             kept = {k: status[k] for k in ("selector", "endpoint", "plan") if k in status}
             new_status = {**kept, "observedGeneration": generation, "conditions": conditions,
                           "replicas": progress["desired"], "readyReplicas": progress["ready"]}
         else:
             assert spec is not None and plan is not None
+            conditions = [c for c in conditions if c.get("type") != "Stalled"]
             conditions = set_condition(conditions, "SpecValid", "True", "Planned",
                                        f"flags derived: {plan.max_model_len} tokens of context, "
                                        f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
