@@ -280,6 +280,24 @@ def test_resolve_config_url_failure_is_an_error():
         resolve_model(spec("acme/x", configURL="https://example.test/x.json"), fetch=failing)
 
 
+def test_an_unreadable_config_is_reported_under_the_field_that_named_it(tmp_path: Path):
+    from vllm_operator import api, pipeline
+
+    def failing(url):
+        raise ValueError(f"could not fetch config.json from {url}: HTTP 404 Not Found")
+
+    doc = yaml.safe_load((Path(__file__).parents[1] / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["model"] = {"name": "acme/x", "configURL": "https://example.test/x.json"}
+    plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]), fetch=failing)
+    assert [(p.field, "HTTP 404" in p.message) for p in plan.problems] == [("spec.model.configURL", True)]
+    doc["spec"]["model"] = {"name": str(tmp_path)}  # a local model directory without config.json
+    plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]))
+    assert [p.field for p in plan.problems] == ["spec.model.name"], plan.problems
+    doc["spec"]["model"] = {"name": "acme/x"}  # unknown, nothing fetched: the architecture is what to set
+    plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]))
+    assert [p.field for p in plan.problems] == ["spec.model.architecture"], plan.problems
+
+
 def test_resolve_local_directory(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
     resolved = resolve_model(spec(str(tmp_path)))

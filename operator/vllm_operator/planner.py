@@ -531,6 +531,7 @@ def plan(
     gpu: Optional[GPUInfo] = None,
     *,
     model_error: Optional[str] = None,
+    model_error_field: str = "spec.model.architecture",
     default_prometheus_url: Optional[str] = None,
     allow_unsafe_args: bool = False,
 ) -> Plan:
@@ -550,7 +551,7 @@ def plan(
         what = f"gpu.product {spec.gpu.product!r} is not in the catalog" if spec.gpu.product else "no gpu.product"
         p.problem("spec.gpu.memory", f"{what}; set gpu.memory to one GPU's memory (for example 24Gi)")
     if model is None:
-        p.problem("spec.model.architecture", model_error or f"no architecture for {spec.model.name}")
+        p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}")
     if p.gpu_memory is not None and p.gpu_memory < GiB:
         p.problem("spec.gpu.memory", f"{spec.gpu.memory} is less than 1Gi: not a GPU vLLM can serve from")
         p.gpu_memory = None
