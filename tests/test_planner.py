@@ -444,7 +444,8 @@ def test_bad_extra_args(extra, expect):
     "extra",
     [["--seed", "1"], ["--max-logprobs=5"], ["--seed", "-1"], ["--scheduling-policy", "priority"],
      ["--disable-log-stats", "--max_logprobs", "5"], ["--compilation-config.mode", "3"],
-     ["--uvicorn-log-level=warning", "--disable-custom-all-reduce"]],
+     ["--uvicorn-log-level=warning", "--disable-custom-all-reduce"],
+     ["--allowed-media-domains", "a.example", "b.example", "--seed", "1"]],  # nargs "+" (was: 'b.example' not a flag)
 )
 def test_valid_extra_args_are_passed_through(extra):
     plan = plan_for(LLAMA_8B, engine={"extraArgs": extra}, workloadProfile={"maxContextTokens": 8192})

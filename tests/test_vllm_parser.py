@@ -180,6 +180,9 @@ EXTRA_ARGS_CASES = [
     ["--foo-bar"], ["--foo-bar", "1"], ["--swap-space", "4"], ["--prefill-chunk-size", "512"],
     ["--gpu-memory-utilization-gpu0", "0.9"], ["--scheduling-policy", "fifo"], ["--scheduling-policy=fifo"],
     ["--uvicorn-log-level", "loud"], ["--disable-log-stats=yes"], ["--seed"], ["--max-batch-size", "32"],
+    # nargs "+": every value up to the next flag is the flag's
+    ["--allowed-media-domains", "a.example", "b.example", "--seed", "1"], ["--lora-target-modules", "q_proj", "v_proj"],
+    ["--allowed-media-domains"],
 ]
 
 

@@ -505,10 +505,14 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False) -> list[Probl
                 problems.append(Problem(where, f"{flag} {inline!r} is not one of {', '.join(info.choices)}"))
             continue
         if info.takes_value and i < len(extra) and _is_value(extra[i]):
-            value = extra[i]
+            values = [extra[i]]
             i += 1
-            if info.choices and value not in info.choices:
-                problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))
+            while info.multiple and i < len(extra) and _is_value(extra[i]):  # --middleware a b
+                values.append(extra[i])
+                i += 1
+            for value in values:
+                if info.choices and value not in info.choices:
+                    problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))
         elif info.takes_value and info.nargs_required:
             problems.append(Problem(where, f"{flag} needs a value"))
     return problems

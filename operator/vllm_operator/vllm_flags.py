@@ -21,6 +21,8 @@ class FlagInfo:
     takes_value: bool
     nargs_required: bool
     choices: Optional[tuple[str, ...]]
+    #: nargs "+" or "*": every value up to the next flag belongs to it (`--middleware a b`)
+    multiple: bool = False
 
 
 def normalise(flag: str) -> str:
@@ -44,6 +46,7 @@ def flags() -> dict[str, FlagInfo]:
             takes_value=info["takes_value"],
             nargs_required=info.get("nargs_required", info["takes_value"]),
             choices=tuple(str(c) for c in choices) if choices else None,
+            multiple=info.get("multiple", False),
         )
     return out
 
@@ -57,6 +60,8 @@ def snapshot_from_parser(description: dict) -> dict:
             "_CountAction", "_StoreConstAction", "_AppendConstAction",
         )
         entry = {"takes_value": takes_value or info["nargs"] == "?", "nargs_required": takes_value}
+        if takes_value and info["nargs"] in ("+", "*"):
+            entry["multiple"] = True
         if info.get("choices"):
             entry["choices"] = sorted(info["choices"])
         for flag in info["option_strings"]:
