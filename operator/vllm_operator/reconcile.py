@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import api, builders, pipeline
+from . import api, builders, events, pipeline
 from .autoscaler import ownership
 from .cache import WatchedObjects
 from .kube import ApiError, Kube
@@ -431,24 +431,4 @@ class Reconciler:
                                         "status": status}, subresource="status"))
 
     def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        meta = body["metadata"]
-        now = self.clock()
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self.kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
-        except ApiError as e:  # an event is best effort; never fail a reconcile for it
-            log.warning("could not record event %s: %s", reason, e)
+        events.post_event(self.kube, body, type_, reason, message, component=COMPONENT, stamp=self.clock())

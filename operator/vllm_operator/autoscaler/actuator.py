@@ -28,9 +28,9 @@ from typing import Any, Callable, Optional
 
 import kopf
 
-from .. import api, builders, pipeline, planner
+from .. import api, builders, events, pipeline, planner
 from .. import metrics as operator_metrics
-from ..kube import ApiError, Kube
+from ..kube import Kube
 from ..reconcile import set_condition
 from . import policy
 from .metrics import MetricsSource, PodRef, PodsSource, PrometheusSource, Sample
@@ -144,27 +144,7 @@ def classify_pods(pods: list[dict[str, Any]], now: float) -> PodGroups:
 
 # --------------------------------------------------------------------------- events
 def post_event(kube: Kube, body: dict[str, Any], type_: str, reason: str, message: str, now: float) -> None:
-    meta = body["metadata"]
-    stamp = _now_iso(now)
-    event = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"],
-                           "namespace": meta["namespace"], "uid": meta["uid"]},
-        "type": type_,
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
-    try:
-        kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
-    except ApiError as e:  # best effort: never fail a tick for an event
-        log.warning("could not record event %s: %s", reason, e)
+    events.post_event(kube, body, type_, reason, message, component=COMPONENT, stamp=_now_iso(now))
 
 
 # --------------------------------------------------------------------------- sources
