@@ -186,6 +186,19 @@ class WatchedObjects:
             return watched  # re-created since our write
         return written
 
+    def echoes_own_write(self, obj: Mapping[str, Any]) -> bool:
+        """Whether a watch event delivers exactly the answer to one of our own writes (same uid and
+        resourceVersion): the reconcile that wrote it has seen it already, so it brings nothing new."""
+        keys = self._keys(obj)
+        if keys is None:
+            return False
+        with self._lock:
+            entry = self._overlay.get(keys[0], {}).get(keys[1])
+        if entry is None:
+            return False
+        written = entry[1]
+        return _rv(written) == _rv(obj) and written["metadata"].get("uid") == (obj.get("metadata") or {}).get("uid")
+
     def overlay_size(self) -> int:
         with self._lock:
             return sum(len(v) for v in self._overlay.values())

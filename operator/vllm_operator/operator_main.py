@@ -164,6 +164,8 @@ def _on_child(body: Any, event: Any, logger: Any, kwargs: Optional[dict] = None)
     objects = STATE.reconciler.objects if STATE.reconciler else None
     if objects is not None and (event or {}).get("type") == "DELETED":
         objects.forget(body)  # deleted by hand: our own write's copy must not stand in for it
+    elif objects is not None and objects.echoes_own_write(body):
+        return  # our own apply coming back: the reconcile that sent it has used its answer already
     reconcile(meta["namespace"], server, logger)
 
 
