@@ -159,3 +159,17 @@ def test_expired_writes_of_servers_never_read_again_are_swept():
     for i in range(256):
         objects.remember(child("Service", f"s{i}", server=f"s{i}"))
     assert objects.overlay_size() == 256  # "gone" swept without ever being read
+
+
+def test_managed_fields_are_dropped_from_the_body_kopf_keeps_after_indexing():
+    import kopf
+
+    raw = {"apiVersion": api.API_VERSION, "kind": api.KIND,
+           "metadata": {"name": "srv", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:model": {}}}}]},
+           "spec": {"model": {"name": "m"}}}
+    body = kopf.Body(raw)
+    entry = cache.index_server(body)
+    cache.drop_managed_fields(body)
+    assert "managedFields" not in raw["metadata"] and raw["spec"] == {"model": {"name": "m"}}
+    assert cache.unpack(entry[("ns", "srv")])["metadata"]["name"] == "srv"

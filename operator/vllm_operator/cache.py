@@ -244,6 +244,17 @@ def index_server(body: Mapping[str, Any]) -> dict[tuple[str, str], bytes]:
     return {(meta["namespace"], meta["name"]): pack(slim(body))}
 
 
+def drop_managed_fields(body: Mapping[str, Any]) -> None:
+    """Remove metadata.managedFields from a watched body in place (kopf's Body is a view of the raw dict).
+
+    kopf holds the last event's body of every VLLMServer for its timer and daemons; at 300 servers
+    those bodies were about 220 dicts each, most of them managedFields (bench/scale.py's RSS). The
+    server's copy in the index (slim) is taken before this."""
+    meta = body.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+
+
 def index_child(body: Mapping[str, Any]) -> Optional[dict[tuple[str, str], bytes]]:
     meta = body["metadata"]
     server = (meta.get("labels") or {}).get(builders.SERVER_LABEL)

@@ -183,7 +183,11 @@ def _bind_indices(kwargs: dict) -> None:
 
 
 async def _index_server(body: Any, **_: Any) -> Any:
-    return cache.index_server(body)
+    entry = cache.index_server(body)
+    # kopf keeps this body (the last event's, for timers and daemons) as long as the server exists; its
+    # managedFields, a nested dict per field per manager, are most of it and nothing here reads them.
+    cache.drop_managed_fields(body)
+    return entry
 
 
 async def _index_child(body: Any, **_: Any) -> Any:
