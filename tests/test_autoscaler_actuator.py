@@ -57,3 +57,48 @@ def test_a_lagging_body_does_not_make_every_tick_write_the_same_status_again():
     other["metadata"]["uid"] = "u2"  # re-created under the same name: its own status counts
     clock[0] += 5
     assert scaler.tick(other).status_written
+
+
+class EmptyCache:
+    """The reconciler's cache, ready, holding no StatefulSet and no pods for the server yet."""
+
+    ready = True
+
+    def __init__(self):
+        self.sts = None
+
+    def children(self, namespace, name, uid):
+        return {("StatefulSet", name): self.sts} if self.sts else {}
+
+    def pods(self, namespace, name):
+        return []
+
+
+class CountingKube(FakeKube):
+    def __init__(self, body):
+        super().__init__(body)
+        self.gets = 0
+
+    def get(self, *args, **kwargs):
+        self.gets += 1
+        return None
+
+
+def test_a_statefulset_missing_from_the_cache_is_asked_for_at_most_every_30_seconds():
+    body = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())
+    body["metadata"] = {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "5"}
+    kube, cache = CountingKube(body), EmptyCache()
+    clock = [1000.0]
+    scaler = actuator.Autoscaler(kube, actuator.Sources(), "ns", "s", clock=lambda: clock[0], objects=cache)
+    for _ in range(6):  # 25 s of 5 s ticks
+        assert scaler.tick(json.loads(json.dumps(body))).note == "the StatefulSet does not exist yet"
+        clock[0] += 5
+    assert kube.gets == 1
+    clock[0] += actuator.UNCACHED_GET_SECONDS
+    scaler.tick(json.loads(json.dumps(body)))
+    assert kube.gets == 2
+    cache.sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "spec": {"replicas": 1},
+                 "metadata": {"name": "s", "namespace": "ns", "ownerReferences": [{"uid": "u1", "controller": True}]}}
+    clock[0] += 5
+    assert scaler.tick(json.loads(json.dumps(body))).note != "the StatefulSet does not exist yet"
+    assert kube.gets == 2  # the cache has it now
