@@ -338,7 +338,7 @@ def operator_phase(args: argparse.Namespace, docs: list[dict], workdir: Path) ->
             keys = [(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs]
             ds_keys = {k for k, d in zip(keys, docs) if d["spec"].get("workload") == "DaemonSet"}
             cpu0 = proc_status(op.proc.pid)["cpu"]
-            counts0 = http_.request_counts()
+            counts0, own0 = http_.request_counts(), operator_metrics(port)
             t0 = time.monotonic()
             out["apply_seconds"] = apply_all(kube, docs, args.workers, server_path)
 
@@ -355,6 +355,7 @@ def operator_phase(args: argparse.Namespace, docs: list[dict], workdir: Path) ->
                 print(op.log_tail(40), file=sys.stderr)
             out["cpu_converge"] = proc_status(op.proc.pid)["cpu"] - cpu0
             out["converge"] = diff(http_.request_counts(), counts0)
+            out["converge_operator"] = diff(operator_metrics(port), own0)
 
             # Let the controller-manager's follow-up writes (pods, workload status) and the
             # operator's reconciles of them settle before measuring a quiet resync.
@@ -457,6 +458,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"  peak RSS (VmHWM): {op['rss']['VmHWM'] / mb:.0f} MB, RSS now {op['rss']['VmRSS'] / mb:.0f} MB "
           "(goal <= 200 MB)")
     show_requests("requests until converged (the client's own applies included)", op["converge"])
+    print("    the operator's own counters until converged (its /metrics):")
+    for (what, labels), v in sorted(op["converge_operator"].items()):
+        print(f"      {v:7d}  {what} {labels}")
     print(f"  no-op resync window {op['resync_window']:.0f} s: {op['resync_timers']} timer runs, operator CPU "
           f"{op['cpu_resync']:.1f} s")
     show_requests("requests during the no-op resync", op["resync"])

@@ -83,6 +83,20 @@ def test_a_created_child_is_seen_before_its_watch_event():
     assert list(objects.children("ns", "srv", "u1")) == [("Service", "srv")]
 
 
+def test_the_watch_delivering_our_own_write_is_recognised_as_its_echo():
+    objects, _ = objects_with()
+    written = child("StatefulSet", "srv", rv=12)
+    objects.remember(written)
+    assert objects.echoes_own_write(written)
+    later = child("StatefulSet", "srv", rv=13)  # the controller wrote its status since
+    later["metadata"]["uid"] = written["metadata"]["uid"]
+    assert not objects.echoes_own_write(later)
+    recreated = child("StatefulSet", "srv", rv=12)
+    recreated["metadata"]["uid"] = "someone-else"
+    assert not objects.echoes_own_write(recreated)
+    assert not objects.echoes_own_write(child("Service", "srv", rv=12))  # never written by us
+
+
 def test_forget_and_expiry_drop_the_overlay():
     objects, _ = objects_with()
     svc = child("Service", "srv", rv=5)
@@ -145,3 +159,17 @@ def test_expired_writes_of_servers_never_read_again_are_swept():
     for i in range(256):
         objects.remember(child("Service", f"s{i}", server=f"s{i}"))
     assert objects.overlay_size() == 256  # "gone" swept without ever being read
+
+
+def test_managed_fields_are_dropped_from_the_body_kopf_keeps_after_indexing():
+    import kopf
+
+    raw = {"apiVersion": api.API_VERSION, "kind": api.KIND,
+           "metadata": {"name": "srv", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:model": {}}}}]},
+           "spec": {"model": {"name": "m"}}}
+    body = kopf.Body(raw)
+    entry = cache.index_server(body)
+    cache.drop_managed_fields(body)
+    assert "managedFields" not in raw["metadata"] and raw["spec"] == {"model": {"name": "m"}}
+    assert cache.unpack(entry[("ns", "srv")])["metadata"]["name"] == "srv"

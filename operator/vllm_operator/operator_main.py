@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, apisession, builders, cache, metrics, peering
+from . import api, apisession, builders, cache, metrics, peering, persistence
 from .autoscaler import actuator
 from .kube import PLURALS, ApiError, Kube
 from .reconcile import Reconciler
@@ -124,9 +124,11 @@ def reconcile(namespace: str, name: str, logger: Any) -> None:
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    # kopf's own writes: the finalizer, progress annotations only while a handler is retried, the diff base
+    # in memory (persistence.py: one patch per server instead of two).
+    settings.persistence.progress_storage = persistence.ProgressAnnotationsStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = persistence.MemoryDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration", finalizer=FINALIZER)
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's only on trouble
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -162,6 +164,8 @@ def _on_child(body: Any, event: Any, logger: Any, kwargs: Optional[dict] = None)
     objects = STATE.reconciler.objects if STATE.reconciler else None
     if objects is not None and (event or {}).get("type") == "DELETED":
         objects.forget(body)  # deleted by hand: our own write's copy must not stand in for it
+    elif objects is not None and objects.echoes_own_write(body):
+        return  # our own apply coming back: the reconcile that sent it has used its answer already
     reconcile(meta["namespace"], server, logger)
 
 
@@ -179,7 +183,11 @@ def _bind_indices(kwargs: dict) -> None:
 
 
 async def _index_server(body: Any, **_: Any) -> Any:
-    return cache.index_server(body)
+    entry = cache.index_server(body)
+    # kopf keeps this body (the last event's, for timers and daemons) as long as the server exists; its
+    # managedFields, a nested dict per field per manager, are most of it and nothing here reads them.
+    cache.drop_managed_fields(body)
+    return entry
 
 
 async def _index_child(body: Any, **_: Any) -> Any:
