@@ -86,10 +86,10 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _rv(obj: Optional[Mapping[str, Any]]) -> int:
+def resource_version(obj: Optional[Mapping[str, Any]]) -> int:
     """The resourceVersion as a number (etcd's revision); -1 when absent or not a number."""
     try:
-        return int((obj or {}).get("metadata", {}).get("resourceVersion"))
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion"))
     except (TypeError, ValueError):
         return -1
 
@@ -174,7 +174,7 @@ class WatchedObjects:
         if entry is None:
             return watched
         at, written = entry
-        if self.clock() - at > OVERLAY_SECONDS or (watched is not None and _rv(watched) >= _rv(written)):
+        if self.clock() - at > OVERLAY_SECONDS or (watched is not None and resource_version(watched) >= resource_version(written)):
             with self._lock:  # the watch caught up (or never will): drop our copy
                 entries = self._overlay.get(owner, {})
                 if entries.get(key) is entry:
@@ -197,7 +197,7 @@ class WatchedObjects:
         if entry is None:
             return False
         written = entry[1]
-        return _rv(written) == _rv(obj) and written["metadata"].get("uid") == (obj.get("metadata") or {}).get("uid")
+        return resource_version(written) == resource_version(obj) and written["metadata"].get("uid") == (obj.get("metadata") or {}).get("uid")
 
     def overlay_size(self) -> int:
         with self._lock:
@@ -206,7 +206,7 @@ class WatchedObjects:
     # ---- reads
     def server(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
         found = [unpack(v) for v in _values(self.indices and self.indices.get(SERVERS_INDEX), (namespace, name))]
-        watched = max(found, key=_rv) if found else None
+        watched = max(found, key=resource_version) if found else None
         owner, key = (namespace, name), (api.KIND, name)
         return self._merge(owner, key, watched, self._written(owner).get(key))
 

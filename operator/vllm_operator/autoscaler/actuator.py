@@ -30,6 +30,7 @@ import kopf
 
 from .. import api, builders, events, pipeline, planner
 from .. import metrics as operator_metrics
+from ..cache import resource_version
 from ..kube import Kube
 from ..reconcile import set_condition
 from . import policy
@@ -51,14 +52,6 @@ UNCACHED_GET_SECONDS = 30.0
 MISSING_POD_GRACE_SECONDS = 60.0
 #: Startup budget of a pod without a startup probe.
 DEFAULT_STARTUP_SECONDS = 600.0
-
-
-def _rv(obj: Optional[dict[str, Any]]) -> int:
-    """A resourceVersion as a number (etcd's revision); -1 when absent."""
-    try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion"))
-    except (TypeError, ValueError):
-        return -1
 
 
 def _now_iso(t: float) -> str:
@@ -312,7 +305,7 @@ class Autoscaler:
         missing and wrote the same status again (bench/scale.py: 5-6 status writes per autoscaled
         server while 300 servers converged)."""
         answer = self._last_answer
-        if answer is None or _rv(answer) <= _rv(body) or (answer.get("metadata") or {}).get("uid") != (
+        if answer is None or resource_version(answer) <= resource_version(body) or (answer.get("metadata") or {}).get("uid") != (
                 body.get("metadata") or {}).get("uid"):
             return body
         return {**body, "status": answer.get("status") or {}}
