@@ -431,6 +431,7 @@ def test_autoscaling_without_max_replicas():
         (["--disable-log-stats=yes"], "takes no value"),
         (["--seed"], "needs a value"),
         (["4"], "is not a flag"),
+        (["--served-model-name", "a", "b"], "spec.model.servedName"),  # nargs "+": both values go with it
     ],
 )
 def test_bad_extra_args(extra, expect):

@@ -447,6 +447,15 @@ def _is_value(token: str) -> bool:
     return not token.startswith("-") or bool(_NUMBER.match(token))
 
 
+def _values(extra: list[str], i: int, info: Optional[vllm_flags.FlagInfo]) -> list[str]:
+    """The values that follow a flag from extra[i]: one, or, for a flag with nargs "+" (`--allowed-media-domains
+    a b`), all up to the next flag. An unknown flag (info None) is taken to have one."""
+    end = i
+    while end < len(extra) and _is_value(extra[end]) and (end == i or (info is not None and info.multiple)):
+        end += 1
+    return extra[i:end]
+
+
 def check_extra_args(extra: list[str], allow_unsafe: bool = False) -> list[Problem]:
     """Refuse flags vLLM does not have, flags the operator derives (--host/--port only with the escape-hatch
     annotation: `allow_unsafe`) and credentials as flag values (one problem per flag)."""
@@ -486,9 +495,9 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False) -> list[Probl
             refusal = f"vLLM {vllm_flags.VERSION} has no flag {flag}: the server would exit with code 2 and crash-loop"
         if refusal:
             problems.append(Problem(where, refusal))
-            # The refused flag's value goes with it; do not report it again as "not a flag".
-            if not eq and i < len(extra) and _is_value(extra[i]) and (info is None or info.takes_value):
-                i += 1
+            # The refused flag's value(s) go with it; do not report them again as "not a flag".
+            if not eq and (info is None or info.takes_value):
+                i += len(_values(extra, i, info))
             continue
         assert info is not None
         if dotted:
@@ -504,12 +513,9 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False) -> list[Probl
             elif info.choices and inline not in info.choices:
                 problems.append(Problem(where, f"{flag} {inline!r} is not one of {', '.join(info.choices)}"))
             continue
-        if info.takes_value and i < len(extra) and _is_value(extra[i]):
-            values = [extra[i]]
-            i += 1
-            while info.multiple and i < len(extra) and _is_value(extra[i]):  # --middleware a b
-                values.append(extra[i])
-                i += 1
+        values = _values(extra, i, info) if info.takes_value else []
+        if values:
+            i += len(values)
             for value in values:
                 if info.choices and value not in info.choices:
                     problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))

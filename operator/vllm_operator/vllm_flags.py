@@ -21,7 +21,7 @@ class FlagInfo:
     takes_value: bool
     nargs_required: bool
     choices: Optional[tuple[str, ...]]
-    #: nargs "+" or "*": every value up to the next flag belongs to it (`--middleware a b`)
+    #: nargs "+" or "*": every value up to the next flag belongs to it (`--allowed-media-domains a b`)
     multiple: bool = False
 
 
