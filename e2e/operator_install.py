@@ -54,11 +54,11 @@ def operator_deployment(cp, namespace: str) -> dict[str, Any]:
 
 
 @contextmanager
-def run_as_installed(cp, namespace: str, workdir: Path, drop_args: tuple[str, ...] = (), tag: str = "operator",
-                     pod_name: str = "") -> Iterator[tuple[OperatorProcess, int, dict]]:
+def run_as_installed(cp, namespace: str, workdir: Path, drop_args: tuple[str, ...] = (), tag: str = "operator"
+                     ) -> Iterator[tuple[OperatorProcess, int, dict]]:
     """The installed Deployment's container as a local process: its args (less `drop_args`), its
     ServiceAccount's token, and the environment the Deployment gives it (a `fieldRef` to the
-    pod's name reads `pod_name`, or `tag`).
+    pod's name reads `tag`, which also names the log).
 
     Yields (process, health port, the Deployment) once /readyz answers 200.
     """
@@ -73,7 +73,7 @@ def run_as_installed(cp, namespace: str, workdir: Path, drop_args: tuple[str, ..
     for var in container.get("env") or []:
         field = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
         assert "value" in var or field == "metadata.name", f"no stand-in for the env var {var}"
-        env[var["name"]] = var.get("value", pod_name or tag)
+        env[var["name"]] = var.get("value", tag)
     proc = OperatorProcess(kubeconfig, workdir / f"{tag}.log", env=env,
                            extra_args=[*(a for a in container["args"] if a not in drop_args), f"--health-port={port}"])
     proc.start()
