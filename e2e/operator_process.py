@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,10 @@ def _die_with_parent() -> None:
     os.setsid()
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
+
+#: What an operator logs whenever it acts on an object (kopf's per-handler line and our reconcile line):
+#: a replica that stands by under peering logs none of it.
+ACTING = re.compile(r"(Handler|Timer|Daemon) '[^']+' (succeeded|failed)|reconciled |autoscal", re.I)
 
 class OperatorProcess:
     def __init__(self, kubeconfig: str | os.PathLike, log_path: str | os.PathLike,

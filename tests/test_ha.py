@@ -19,7 +19,7 @@ import pytest
 
 from e2e.controlplane import wait_for
 from e2e.convergence import (apply_server, example, install_crd, pdb_api_version, server_doc, wait_converged)
-from e2e.operator_process import OperatorProcess
+from e2e.operator_process import ACTING, OperatorProcess
 from vllm_operator import peering
 from vllm_operator.kube import Kube
 
@@ -28,8 +28,6 @@ pytestmark = pytest.mark.apiserver
 ROOT = Path(__file__).resolve().parents[1]
 PEERING_CRDS = ROOT / "crds" / "kopf-peering.yaml"
 LIFETIME = 10  # seconds; the takeover after a SIGKILL waits at most this long
-#: What a replica logs whenever it acts on an object (kopf's per-handler line and our reconcile line).
-ACTING = re.compile(r"(Handler|Timer|Daemon) '[^']+' (succeeded|failed)|reconciled |autoscal", re.I)
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets as random
 import subprocess
 
@@ -21,6 +20,7 @@ from e2e.controlplane import wait_for
 from e2e.lua_health import run_health_check
 from e2e.operator_install import (ROOT, children, condition, get_server, http_get, load_example, operator_deployment,
                                   rbac_trouble, run_as_installed, serve_example_until_ready)
+from e2e.operator_process import ACTING
 from e2e.serviceaccount import can_i, service_account_kubeconfig
 from vllm_operator import packaging
 from vllm_operator.kube import Kube
@@ -30,7 +30,6 @@ pytestmark = pytest.mark.apiserver
 helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="e2e/run-tests.sh installs helm-sdkpy")
 
 CHART = str(ROOT / packaging.CHART)
-ACTED = re.compile(r"Handler '[^']+' (succeeded|failed)|reconciled ")
 
 
 class Helm:
@@ -243,7 +242,7 @@ def test_high_availability_two_replicas_under_the_charts_account(control_plane, 
                 wait_for(lambda: "Resuming operations" in a.log_tail(100000), 60, "the older replica acts")
                 serve_example_until_ready(cp, k8s, app, "llama", replicas=1)
                 standby = b.log_tail(100000)
-                assert "Resuming operations" not in standby and not ACTED.search(standby), standby
+                assert "Resuming operations" not in standby and not ACTING.search(standby), standby
                 a.stop()  # SIGTERM: A withdraws its keep-alive, B resumes without waiting out its lifetime
                 wait_for(lambda: "Resuming operations" in b.log_tail(100000), 30, "B resumes")
                 cp.kubectl("delete", "service", "llama", "-n", app)
