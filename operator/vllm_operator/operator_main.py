@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, apisession, builders, cache, metrics, peering, persistence
+from . import api, apisession, builders, cache, kopftoggles, metrics, peering, persistence
 from .autoscaler import actuator
 from .kube import PLURALS, ApiError, Kube
 from .reconcile import Reconciler
@@ -234,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
         priority = getattr(args, "peering_priority", None)
         priority = peering.default_priority() if priority is None else priority
         log.info("peering %r with priority %d, keep-alive lifetime %d s", args.peering, priority, PEERING_LIFETIME)
+    # kopf's start-up wait for its indices is quadratic in the objects listed (kopftoggles.py): linear here.
+    kopftoggles.install()
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (metrics.py); kopf's own liveness endpoint stays off.
