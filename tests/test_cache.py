@@ -173,3 +173,61 @@ def test_managed_fields_are_dropped_from_the_body_kopf_keeps_after_indexing():
     cache.drop_managed_fields(body)
     assert "managedFields" not in raw["metadata"] and raw["spec"] == {"model": {"name": "m"}}
     assert cache.unpack(entry[("ns", "srv")])["metadata"]["name"] == "srv"
+
+
+# ---- re-listings and audits: kopf never tells an index what vanished while its watch was down
+def test_a_version_delivered_again_marks_the_index_for_an_audit_once_quiet():
+    now = [0.0]
+    objects = cache.WatchedObjects(clock=lambda: now[0])
+    sts = child("StatefulSet", "srv", rv=10)
+    objects.note_indexed(cache.CHILDREN_INDEX, sts)  # first sight (the start-up listing): nothing due
+    newer = {**sts, "metadata": {**sts["metadata"], "resourceVersion": "11"}}
+    objects.note_indexed(cache.CHILDREN_INDEX, newer)  # a newer version: a normal watch event
+    assert objects.audits_due() == []
+    now[0] = 100.0
+    objects.note_indexed(cache.CHILDREN_INDEX, newer)  # the same version again: a re-listing
+    assert objects.audits_due() == [], "a re-listing arrives in a burst: wait until it is quiet"
+    now[0] = 100.0 + cache.AUDIT_QUIET_SECONDS
+    assert objects.audits_due() == [cache.CHILDREN_INDEX]
+    assert objects.audits_due() == [], "once per re-listing"
+
+
+def test_an_audit_hides_what_a_list_lacks_and_keeps_what_is_newer_than_the_list():
+    gone = child("StatefulSet", "srv", rv=10)
+    svc = child("Service", "srv", rv=11)
+    created_after_the_list = child("Service", "srv-headless", rv=30)
+    objects, _ = objects_with(gone, svc, created_after_the_list)
+    assert set(objects.children("ns", "srv", "u1")) == {("StatefulSet", "srv"), ("Service", "srv"),
+                                                        ("Service", "srv-headless")}
+    # the StatefulSets LIST (at resourceVersion 20) lacks it: deleted while the watch was down
+    found = objects.audit(cache.CHILDREN_INDEX, [], 20, kind="StatefulSet", namespace="ns")
+    assert [o["metadata"]["name"] for o in found] == ["srv"]
+    # the Services LIST has one of them; the other is newer than the LIST, so it is not judged by it
+    assert objects.audit(cache.CHILDREN_INDEX, [svc], 20, kind="Service", namespace="ns") == []
+    assert objects.audit(cache.CHILDREN_INDEX, [], 20, kind="StatefulSet", namespace="other") == []
+    assert set(objects.children("ns", "srv", "u1")) == {("Service", "srv"), ("Service", "srv-headless")}
+
+
+def test_servers_and_pods_deleted_unseen_are_no_longer_read():
+    server = {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
+              "metadata": {"name": "srv", "namespace": "ns", "uid": "u1", "resourceVersion": "5"}, "spec": {}}
+    pod = {"metadata": {"name": "srv-0", "namespace": "ns", "uid": "p1", "resourceVersion": "6",
+                        "labels": {"app.kubernetes.io/instance": "srv"}}, "spec": {}, "status": {}}
+    objects, _ = objects_with(servers=[server], pods=[pod])
+    assert objects.server("ns", "srv") and objects.pods("ns", "srv")
+    assert objects.audit(cache.SERVERS_INDEX, [server], 9) == []
+    assert objects.audit(cache.PODS_INDEX, [], 9) != []
+    assert objects.pods("ns", "srv") == [] and objects.server("ns", "srv")
+    assert objects.audit(cache.SERVERS_INDEX, [], 9) != []
+    assert objects.server("ns", "srv") is None
+
+
+def test_trim_forgets_what_kopf_discarded():
+    sts = child("StatefulSet", "srv", rv=10)
+    objects, idx = objects_with(sts)
+    objects.note_indexed(cache.CHILDREN_INDEX, sts)
+    objects.audit(cache.CHILDREN_INDEX, [], 20, kind="StatefulSet")
+    assert objects.children("ns", "srv", "u1") == {}
+    idx.clear()  # kopf discarded it (its DELETED event came after all)
+    objects.trim(cache.CHILDREN_INDEX)
+    assert objects._seen[cache.CHILDREN_INDEX] == {} and objects._gone[cache.CHILDREN_INDEX] == frozenset()

@@ -17,6 +17,15 @@ resourceVersion, the object's deletion is seen, or OVERLAY_SECONDS pass.
 
 Reads happen in the handler threads while kopf updates the indices on its event loop:
 lookups are plain dict reads and copies taken in one step, never iterations of live dicts.
+
+kopf never tells an index that an object vanished while its watch was down: when a watch
+resumes with a re-listing (after "410 Gone", as when a kube-apiserver restarts), objects
+deleted in the gap simply stay. Such a stale entry would hide a deleted child from every
+later reconcile, so drift would never be repaired. A re-listing shows itself by delivering
+objects at a resourceVersion already indexed; the kind is then audited (`audit`): one LIST,
+and every indexed object that the LIST lacks and that is older than it is marked gone and
+no longer read. Every kind is also audited every AUDIT_INTERVAL_SECONDS, in case a
+re-listing went unnoticed.
 """
 
 from __future__ import annotations
@@ -34,6 +43,10 @@ CHILDREN_INDEX = "vllm_children"
 PODS_INDEX = "vllm_pods"
 #: How long an own write's answer may stand in for a watch event that has not arrived yet.
 OVERLAY_SECONDS = 30.0
+#: A re-listing delivers its objects in a burst: audit the kind once it has been quiet this long.
+AUDIT_QUIET_SECONDS = 3.0
+#: The backstop: every kind is audited this often even with no sign of a re-listing.
+AUDIT_INTERVAL_SECONDS = 600.0
 
 #: kopf's own bookkeeping annotations: the last-handled spec (as big as the spec) is never read here.
 _DROP_ANNOTATIONS = (f"{api.GROUP}/last-handled-configuration", "kubectl.kubernetes.io/last-applied-configuration")
@@ -94,6 +107,20 @@ def resource_version(obj: Optional[Mapping[str, Any]]) -> int:
         return -1
 
 
+def _keys(index: Optional[Mapping]) -> list:
+    """A copy of an index's keys (kopf may add or remove keys meanwhile)."""
+    for _ in range(5):
+        try:
+            return list(index.keys()) if index is not None else []
+        except RuntimeError:  # changed size during the copy: copy again
+            continue
+    return []
+
+
+def _uid(obj: Mapping[str, Any]) -> Optional[str]:
+    return (obj.get("metadata") or {}).get("uid")
+
+
 def _values(index: Optional[Mapping], key: Any) -> list:
     """A copy of one index entry's values, taken in one step (kopf may update it meanwhile)."""
     if index is None:
@@ -120,6 +147,12 @@ class WatchedObjects:
         self._lock = threading.Lock()
         self._writes = 0
         self.clock = clock
+        # index id -> uid -> the resourceVersion last indexed (a re-listing delivers the same one again)
+        self._seen: dict[str, dict[str, int]] = {}
+        # index id -> when a re-delivery was last seen (an audit is due once it has been quiet)
+        self._relisted: dict[str, float] = {}
+        # index id -> uids still in the index although a LIST showed them deleted (never read again)
+        self._gone: dict[str, frozenset[str]] = {}
 
     @property
     def ready(self) -> bool:
@@ -203,9 +236,72 @@ class WatchedObjects:
         with self._lock:
             return sum(len(v) for v in self._overlay.values())
 
+    # ---- re-listings and audits
+    def note_indexed(self, index_id: str, body: Mapping[str, Any]) -> None:
+        """Called for every object kopf indexes: the same version delivered again means a re-listing."""
+        uid, version = _uid(body), resource_version(body)
+        if not uid:
+            return
+        seen = self._seen.setdefault(index_id, {})
+        before = seen.get(uid)
+        seen[uid] = version
+        if before is not None and version <= before:
+            self.relisted(index_id)
+
+    def relisted(self, index_id: str) -> None:
+        """Mark an index for an audit (a re-listing was seen, or the last audit failed)."""
+        with self._lock:
+            self._relisted[index_id] = self.clock()
+
+    def audits_due(self) -> list[str]:
+        """The indices re-listed and quiet for AUDIT_QUIET_SECONDS (each returned once per re-listing)."""
+        now = self.clock()
+        with self._lock:
+            due = [i for i, at in self._relisted.items() if now - at >= AUDIT_QUIET_SECONDS]
+            for index_id in due:
+                del self._relisted[index_id]
+        return due
+
+    def audit(self, index_id: str, listed: list[Mapping[str, Any]], list_version: int, *,
+              kind: Optional[str] = None, namespace: Optional[str] = None) -> list[dict[str, Any]]:
+        """Compare an index with a LIST taken at `list_version` (of `kind` and `namespace` when given):
+        indexed objects the LIST lacks and older than it were deleted unseen; they are marked gone and
+        returned. The uids the LIST shows are the index's known ones from now on."""
+        index = self.indices.get(index_id) if self.indices else None
+        present = {_uid(o) for o in listed}
+        gone = []
+        for key in _keys(index):
+            if namespace is not None and key[0] != namespace:
+                continue
+            for obj in map(unpack, _values(index, key)):
+                if kind is not None and obj.get("kind") != kind:
+                    continue
+                if _uid(obj) not in present and resource_version(obj) < list_version:
+                    gone.append(obj)
+        if gone:
+            with self._lock:
+                self._gone[index_id] = self._gone.get(index_id, frozenset()) | {_uid(o) for o in gone}
+        return gone
+
+    def trim(self, index_id: str) -> None:
+        """Forget the uids the index no longer holds (kopf discarded them on their deletion events)."""
+        index = self.indices.get(index_id) if self.indices else None
+        indexed = {_uid(unpack(v)) for key in _keys(index) for v in _values(index, key)}
+        seen = self._seen.get(index_id, {})
+        for uid in [u for u in _keys(seen) if u not in indexed]:
+            seen.pop(uid, None)
+        with self._lock:
+            self._gone[index_id] = self._gone.get(index_id, frozenset()) & indexed
+
+    def _live(self, index_id: str, key: Any) -> list[dict[str, Any]]:
+        """One index entry's objects, less those an audit found deleted."""
+        gone = self._gone.get(index_id, frozenset())
+        objects = map(unpack, _values(self.indices and self.indices.get(index_id), key))
+        return [o for o in objects if _uid(o) not in gone] if gone else list(objects)
+
     # ---- reads
     def server(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
-        found = [unpack(v) for v in _values(self.indices and self.indices.get(SERVERS_INDEX), (namespace, name))]
+        found = self._live(SERVERS_INDEX, (namespace, name))
         watched = max(found, key=resource_version) if found else None
         owner, key = (namespace, name), (api.KIND, name)
         return self._merge(owner, key, watched, self._written(owner).get(key))
@@ -213,8 +309,7 @@ class WatchedObjects:
     def children(self, namespace: str, name: str, uid: str) -> dict[tuple[str, str], dict[str, Any]]:
         """The server's children (controller reference to `uid`), keyed by (kind, name)."""
         owner = (namespace, name)
-        watched = {(o["kind"], o["metadata"]["name"]): o
-                   for o in map(unpack, _values(self.indices and self.indices.get(CHILDREN_INDEX), owner))}
+        watched = {(o["kind"], o["metadata"]["name"]): o for o in self._live(CHILDREN_INDEX, owner)}
         written = self._written(owner)
         out = {}
         for key in watched.keys() | (written.keys() - {(api.KIND, name)}):
@@ -226,7 +321,7 @@ class WatchedObjects:
         return out
 
     def pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        return [unpack(v) for v in _values(self.indices and self.indices.get(PODS_INDEX), (namespace, name))]
+        return self._live(PODS_INDEX, (namespace, name))
 
 
 # --------------------------------------------------------------------------- kopf index functions

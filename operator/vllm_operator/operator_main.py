@@ -22,7 +22,7 @@ from kubernetes import config as k8s_config
 
 from . import api, apisession, builders, cache, kopftoggles, metrics, peering, persistence
 from .autoscaler import actuator
-from .kube import PLURALS, ApiError, Kube
+from .kube import PLURALS, ApiError, Kube, path_for
 from .reconcile import Reconciler
 
 log = logging.getLogger("vllm_operator")
@@ -182,7 +182,14 @@ def _bind_indices(kwargs: dict) -> None:
         objects.bind(kwargs)
 
 
+def _note_indexed(index_id: str, body: Any) -> None:
+    objects = STATE.reconciler.objects if STATE.reconciler else None
+    if objects is not None:
+        objects.note_indexed(index_id, body)
+
+
 async def _index_server(body: Any, **_: Any) -> Any:
+    _note_indexed(cache.SERVERS_INDEX, body)
     entry = cache.index_server(body)
     # kopf keeps this body (the last event's, for timers and daemons) as long as the server exists; its
     # managedFields, a nested dict per field per manager, are most of it and nothing here reads them.
@@ -191,10 +198,12 @@ async def _index_server(body: Any, **_: Any) -> Any:
 
 
 async def _index_child(body: Any, **_: Any) -> Any:
+    _note_indexed(cache.CHILDREN_INDEX, body)
     return cache.index_child(body)
 
 
 async def _index_pod(body: Any, **_: Any) -> Any:
+    _note_indexed(cache.PODS_INDEX, body)
     return cache.index_pod(body)
 
 
@@ -210,6 +219,73 @@ def register_indices(reconciler: Reconciler) -> None:
     kopf.index("", "v1", "pods", id=cache.PODS_INDEX, labels=CHILD_LABELS)(_index_pod)
 
 
+def _audit_lists(reconciler: Reconciler, index_id: str,
+                 namespaces: list[str]) -> list[tuple[str, str, Optional[str], Optional[str]]]:
+    """(apiVersion, kind, namespace, label selector) of the LISTs that audit one index: what kopf watches."""
+    selector = ",".join(f"{k}={v}" for k, v in CHILD_LABELS.items())
+    if index_id == cache.SERVERS_INDEX:
+        kinds: list[tuple[str, str, Optional[str]]] = [(f"{api.GROUP}/{api.VERSION}", api.KIND, None)]
+    elif index_id == cache.CHILDREN_INDEX:
+        kinds = [(api_version, kind, selector) for api_version, kind in reconciler.managed_kinds()]
+    else:
+        kinds = [("v1", "Pod", selector)]
+    return [(api_version, kind, namespace, sel) for api_version, kind, sel in kinds
+            for namespace in (namespaces or [None])]
+
+
+def audit_index(reconciler: Reconciler, index_id: str, namespaces: list[str]) -> list[dict]:
+    """One LIST per watched kind (and namespace): what the index still holds but the cluster no longer
+    has is marked gone (cache.py); the next resync of its server repairs what that hid."""
+    objects = reconciler.objects
+    gone: list[dict] = []
+    listed = 0
+    for api_version, kind, namespace, selector in _audit_lists(reconciler, index_id, namespaces):
+        try:
+            listing = reconciler.kube.request("GET", path_for(api_version, kind, namespace),
+                                              query=[("labelSelector", selector)] if selector else [])
+        except ApiError as e:
+            if e.status == 404:  # a kind this cluster does not serve (KEDA's, when KEDA is not installed)
+                continue
+            raise
+        listed += len(listing.get("items") or [])
+        found = objects.audit(index_id, listing.get("items") or [], cache.resource_version(listing),
+                              kind=None if index_id == cache.PODS_INDEX else kind, namespace=namespace)
+        for obj in found:
+            meta = obj["metadata"]
+            log.warning("%s %s/%s was deleted while the watch was down (kopf re-listed without telling): "
+                        "no longer read from the cache", kind, meta.get("namespace"), meta.get("name"))
+        gone += found
+    objects.trim(index_id)
+    log.info("cache audit of %s: %d objects listed, %d deleted unseen", index_id, listed, len(gone))
+    return gone
+
+
+def _audit_forever(reconciler: Reconciler, namespaces: list[str], stop: threading.Event) -> None:
+    """Audit an index when kopf re-listed its kinds, and every index every AUDIT_INTERVAL_SECONDS."""
+    objects = reconciler.objects
+    last_full = time.monotonic()
+    while not stop.wait(1.0):
+        if objects is None or not objects.ready:
+            continue
+        due = set(objects.audits_due())
+        if time.monotonic() - last_full >= cache.AUDIT_INTERVAL_SECONDS:
+            due |= {cache.SERVERS_INDEX, cache.CHILDREN_INDEX, cache.PODS_INDEX}
+            last_full = time.monotonic()
+        for index_id in sorted(due):
+            try:
+                audit_index(reconciler, index_id, namespaces)
+            except Exception as e:  # the API server may be away again: try once more later
+                log.warning("cache audit of %s failed (%s); retrying", index_id, e)
+                objects.relisted(index_id)
+
+
+def start_audits(reconciler: Reconciler, namespaces: list[str]) -> threading.Event:
+    stop = threading.Event()
+    threading.Thread(target=_audit_forever, args=(reconciler, namespaces, stop), name="cache-audit",
+                     daemon=True).start()
+    return stop
+
+
 # --------------------------------------------------------------------------- entry point
 def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON if args.log_format == "json"
@@ -223,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
     actuator.register(STATE.reconciler.kube, default_prometheus_url=getattr(args, "prometheus_url", None),
                       objects=STATE.reconciler.objects)
     namespaces = list(args.namespace)
+    audits = start_audits(STATE.reconciler, namespaces)
     # kopf's HTTP connections in a bounded pool (apisession.py): servers, each managed kind, pods, peering.
     watched = len(STATE.reconciler.managed_kinds()) + 3
     kopf.on.login()(apisession.make_login(apisession.connection_limit(watched, len(namespaces))))
@@ -251,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
             settings=settings,
         )
     finally:
+        audits.set()
         if server is not None:
             server.shutdown()
     return 0
