@@ -136,3 +136,22 @@ def test_install_makes_kopfs_reactor_build_ours(monkeypatch):
     # kopf's reactor looks the class up through the module when the operator starts
     assert orchestration.aiotoggles is aiotoggles and running.aiotoggles is aiotoggles
     assert isinstance(aiotoggles.ToggleSet(all), kopftoggles.KopfToggleSet)
+
+
+def test_install_keeps_kopfs_class_when_its_shape_changed(monkeypatch):
+    class Reshaped:  # a future kopf whose ToggleSet keeps no Condition shared with its toggles
+        def __init__(self, fn):
+            self._fn = fn
+
+    monkeypatch.setattr(aiotoggles, "ToggleSet", kopftoggles.KopfToggleSet)
+    assert kopftoggles.fits(kopftoggles.KopfToggleSet) and not kopftoggles.fits(Reshaped)
+    monkeypatch.setattr(kopftoggles, "KopfToggleSet", Reshaped)
+    kopftoggles.install()
+    assert aiotoggles.ToggleSet is not kopftoggles.ToggleSet
+
+
+def test_the_benchmark_baseline_keeps_kopfs_class(monkeypatch):
+    monkeypatch.setattr(aiotoggles, "ToggleSet", kopftoggles.KopfToggleSet)
+    monkeypatch.setenv(kopftoggles.BASELINE_ENV, "kopf")
+    kopftoggles.install()
+    assert aiotoggles.ToggleSet is kopftoggles.KopfToggleSet

@@ -265,8 +265,8 @@ class WatchedObjects:
     def audit(self, index_id: str, listed: list[Mapping[str, Any]], list_version: int, *,
               kind: Optional[str] = None, namespace: Optional[str] = None) -> list[dict[str, Any]]:
         """Compare an index with a LIST taken at `list_version` (of `kind` and `namespace` when given):
-        indexed objects the LIST lacks and older than it were deleted unseen; they are marked gone and
-        returned. The uids the LIST shows are the index's known ones from now on."""
+        indexed objects the LIST lacks and older than it were deleted unseen; they are marked gone (no
+        read returns them again) and returned. Objects newer than the LIST are not judged by it."""
         index = self.indices.get(index_id) if self.indices else None
         present = {_uid(o) for o in listed}
         gone = []

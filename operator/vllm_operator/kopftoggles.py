@@ -81,11 +81,26 @@ class ToggleSet(KopfToggleSet):
 BASELINE_ENV = "VLLM_OPERATOR_KOPF_TOGGLESET"
 
 
+def fits(base: type) -> bool:
+    """Whether kopf's class still has the shape this one builds on (a condition shared with its toggles)."""
+    try:
+        probe = base(all)
+    except Exception:
+        return False
+    return (isinstance(getattr(probe, "_condition", None), asyncio.Condition)
+            and isinstance(getattr(probe, "_toggles", None), set)
+            and all(callable(getattr(probe, m, None)) for m in ("make_toggle", "drop_toggle", "is_on", "wait_for")))
+
+
 def install() -> None:
     """Make kopf's reactor create this ToggleSet (call before kopf.run; idempotent)."""
     if os.environ.get(BASELINE_ENV) == "kopf":
         log.warning("%s=kopf: kopf's own ToggleSet kept (a benchmark baseline; restarts wait quadratically)",
                     BASELINE_ENV)
+        return
+    if not fits(KopfToggleSet):
+        log.warning("kopf's ToggleSet is not the one kopftoggles was written for: kept as it is (the start-up "
+                    "wait for kopf's indices may take minutes with thousands of watched objects)")
         return
     if aiotoggles.ToggleSet is not ToggleSet:
         aiotoggles.ToggleSet = ToggleSet  # type: ignore[misc]
