@@ -200,11 +200,11 @@ def test_an_audit_hides_what_a_list_lacks_and_keeps_what_is_newer_than_the_list(
     assert set(objects.children("ns", "srv", "u1")) == {("StatefulSet", "srv"), ("Service", "srv"),
                                                         ("Service", "srv-headless")}
     # the StatefulSets LIST (at resourceVersion 20) lacks it: deleted while the watch was down
-    found = objects.audit(cache.CHILDREN_INDEX, [], 20, kind="StatefulSet", namespace="ns")
+    found = objects.audit(cache.CHILDREN_INDEX, [cache.Listing([], 20, "StatefulSet", "ns")])
     assert [o["metadata"]["name"] for o in found] == ["srv"]
     # the Services LIST has one of them; the other is newer than the LIST, so it is not judged by it
-    assert objects.audit(cache.CHILDREN_INDEX, [svc], 20, kind="Service", namespace="ns") == []
-    assert objects.audit(cache.CHILDREN_INDEX, [], 20, kind="StatefulSet", namespace="other") == []
+    assert objects.audit(cache.CHILDREN_INDEX, [cache.Listing([svc], 20, "Service", "ns")]) == []
+    assert objects.audit(cache.CHILDREN_INDEX, [cache.Listing([], 20, "StatefulSet", "other")]) == []
     assert set(objects.children("ns", "srv", "u1")) == {("Service", "srv"), ("Service", "srv-headless")}
 
 
@@ -215,19 +215,19 @@ def test_servers_and_pods_deleted_unseen_are_no_longer_read():
                         "labels": {"app.kubernetes.io/instance": "srv"}}, "spec": {}, "status": {}}
     objects, _ = objects_with(servers=[server], pods=[pod])
     assert objects.server("ns", "srv") and objects.pods("ns", "srv")
-    assert objects.audit(cache.SERVERS_INDEX, [server], 9) == []
-    assert objects.audit(cache.PODS_INDEX, [], 9) != []
+    assert objects.audit(cache.SERVERS_INDEX, [cache.Listing([server], 9)]) == []
+    assert objects.audit(cache.PODS_INDEX, [cache.Listing([], 9)]) != []
     assert objects.pods("ns", "srv") == [] and objects.server("ns", "srv")
-    assert objects.audit(cache.SERVERS_INDEX, [], 9) != []
+    assert objects.audit(cache.SERVERS_INDEX, [cache.Listing([], 9)]) != []
     assert objects.server("ns", "srv") is None
 
 
-def test_trim_forgets_what_kopf_discarded():
+def test_an_audit_forgets_what_kopf_discarded():
     sts = child("StatefulSet", "srv", rv=10)
     objects, idx = objects_with(sts)
     objects.note_indexed(cache.CHILDREN_INDEX, sts)
-    objects.audit(cache.CHILDREN_INDEX, [], 20, kind="StatefulSet")
+    objects.audit(cache.CHILDREN_INDEX, [cache.Listing([], 20, "StatefulSet")])
     assert objects.children("ns", "srv", "u1") == {}
     idx.clear()  # kopf discarded it (its DELETED event came after all)
-    objects.trim(cache.CHILDREN_INDEX)
+    assert objects.audit(cache.CHILDREN_INDEX, []) == []  # no LIST judges anything; the pass still trims
     assert objects._seen[cache.CHILDREN_INDEX] == {} and objects._gone[cache.CHILDREN_INDEX] == frozenset()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional
 
 from . import api, builders
 
@@ -107,18 +107,32 @@ def resource_version(obj: Optional[Mapping[str, Any]]) -> int:
         return -1
 
 
-def _keys(index: Optional[Mapping]) -> list:
-    """A copy of an index's keys (kopf may add or remove keys meanwhile)."""
+def _copy(items: Iterable) -> list:
+    """A list of a collection kopf may change meanwhile, taken in one step."""
     for _ in range(5):
         try:
-            return list(index.keys()) if index is not None else []
+            return list(items)
         except RuntimeError:  # changed size during the copy: copy again
             continue
     return []
 
 
+def _keys(index: Optional[Mapping]) -> list:
+    """A copy of an index's keys (kopf may add or remove keys meanwhile)."""
+    return _copy(index.keys()) if index is not None else []
+
+
 def _uid(obj: Mapping[str, Any]) -> Optional[str]:
     return (obj.get("metadata") or {}).get("uid")
+
+
+class Listing(NamedTuple):
+    """One LIST that audits an index: its items, its resourceVersion, what it covers (None: every kind or
+    namespace)."""
+    items: list[Mapping[str, Any]]
+    version: int
+    kind: Optional[str] = None
+    namespace: Optional[str] = None
 
 
 def _values(index: Optional[Mapping], key: Any) -> list:
@@ -129,12 +143,7 @@ def _values(index: Optional[Mapping], key: Any) -> list:
         store = index.get(key)
     except (KeyError, RuntimeError):
         return []
-    for _ in range(5):
-        try:
-            return list(store) if store is not None else []
-        except RuntimeError:  # changed size during the copy: copy again
-            continue
-    return []
+    return _copy(store) if store is not None else []
 
 
 class WatchedObjects:
@@ -215,7 +224,7 @@ class WatchedObjects:
                     if not entries:
                         self._overlay.pop(owner, None)
             return watched
-        if watched is not None and watched["metadata"].get("uid") != written["metadata"].get("uid"):
+        if watched is not None and _uid(watched) != _uid(written):
             return watched  # re-created since our write
         return written
 
@@ -230,7 +239,7 @@ class WatchedObjects:
         if entry is None:
             return False
         written = entry[1]
-        return resource_version(written) == resource_version(obj) and written["metadata"].get("uid") == (obj.get("metadata") or {}).get("uid")
+        return resource_version(written) == resource_version(obj) and _uid(written) == _uid(obj)
 
     def overlay_size(self) -> int:
         with self._lock:
@@ -262,36 +271,30 @@ class WatchedObjects:
                 del self._relisted[index_id]
         return due
 
-    def audit(self, index_id: str, listed: list[Mapping[str, Any]], list_version: int, *,
-              kind: Optional[str] = None, namespace: Optional[str] = None) -> list[dict[str, Any]]:
-        """Compare an index with a LIST taken at `list_version` (of `kind` and `namespace` when given):
-        indexed objects the LIST lacks and older than it were deleted unseen; they are marked gone (no
-        read returns them again) and returned. Objects newer than the LIST are not judged by it."""
+    def audit(self, index_id: str, listings: list[Listing]) -> list[dict[str, Any]]:
+        """Compare an index, in one pass, with the LISTs of what it holds: an indexed object that the
+        LIST covering it lacks and that is older than that LIST was deleted unseen; it is marked gone
+        (no read returns it again) and returned. Objects newer than their LIST, or covered by none (a
+        kind the cluster does not serve), are not judged. The uids kopf discarded on their deletion
+        events are forgotten here too."""
         index = self.indices.get(index_id) if self.indices else None
-        present = {_uid(o) for o in listed}
-        gone = []
+        covering = {(listing.kind, listing.namespace): (listing.version, {_uid(o) for o in listing.items})
+                    for listing in listings}
+        gone, indexed = [], set()
         for key in _keys(index):
-            if namespace is not None and key[0] != namespace:
-                continue
             for obj in map(unpack, _values(index, key)):
-                if kind is not None and obj.get("kind") != kind:
-                    continue
-                if _uid(obj) not in present and resource_version(obj) < list_version:
+                uid, kind = _uid(obj), obj.get("kind")
+                indexed.add(uid)
+                cover = next((covering[c] for c in ((kind, key[0]), (None, key[0]), (kind, None), (None, None))
+                              if c in covering), None)
+                if cover is not None and uid not in cover[1] and resource_version(obj) < cover[0]:
                     gone.append(obj)
-        if gone:
-            with self._lock:
-                self._gone[index_id] = self._gone.get(index_id, frozenset()) | {_uid(o) for o in gone}
-        return gone
-
-    def trim(self, index_id: str) -> None:
-        """Forget the uids the index no longer holds (kopf discarded them on their deletion events)."""
-        index = self.indices.get(index_id) if self.indices else None
-        indexed = {_uid(unpack(v)) for key in _keys(index) for v in _values(index, key)}
         seen = self._seen.get(index_id, {})
         for uid in [u for u in _keys(seen) if u not in indexed]:
             seen.pop(uid, None)
         with self._lock:
-            self._gone[index_id] = self._gone.get(index_id, frozenset()) & indexed
+            self._gone[index_id] = (self._gone.get(index_id, frozenset()) & indexed) | {_uid(o) for o in gone}
+        return gone
 
     def _live(self, index_id: str, key: Any) -> list[dict[str, Any]]:
         """One index entry's objects, less those an audit found deleted."""

@@ -62,8 +62,7 @@ class ToggleSet(KopfToggleSet):
         try:
             await future
         finally:
-            if not future.done() or future.cancelled():  # the waiter was cancelled: forget it
-                future.cancel()
+            if future.cancelled():  # the waiter was cancelled (a resolved future has left the list already)
                 self._waiters[state] = [f for f in self._waiters[state] if f is not future]
 
     def _settle(self) -> None:

@@ -236,9 +236,7 @@ def _audit_lists(reconciler: Reconciler, index_id: str,
 def audit_index(reconciler: Reconciler, index_id: str, namespaces: list[str]) -> list[dict]:
     """One LIST per watched kind (and namespace): what the index still holds but the cluster no longer
     has is marked gone (cache.py); the next resync of its server repairs what that hid."""
-    objects = reconciler.objects
-    gone: list[dict] = []
-    listed = 0
+    listings = []
     for api_version, kind, namespace, selector in _audit_lists(reconciler, index_id, namespaces):
         try:
             listing = reconciler.kube.request("GET", path_for(api_version, kind, namespace),
@@ -247,16 +245,16 @@ def audit_index(reconciler: Reconciler, index_id: str, namespaces: list[str]) ->
             if e.status == 404:  # a kind this cluster does not serve (KEDA's, when KEDA is not installed)
                 continue
             raise
-        listed += len(listing.get("items") or [])
-        found = objects.audit(index_id, listing.get("items") or [], cache.resource_version(listing),
-                              kind=None if index_id == cache.PODS_INDEX else kind, namespace=namespace)
-        for obj in found:
-            meta = obj["metadata"]
-            log.warning("%s %s/%s was deleted while the watch was down (kopf re-listed without telling): "
-                        "no longer read from the cache", kind, meta.get("namespace"), meta.get("name"))
-        gone += found
-    objects.trim(index_id)
-    log.info("cache audit of %s: %d objects listed, %d deleted unseen", index_id, listed, len(gone))
+        listings.append(cache.Listing(listing.get("items") or [], cache.resource_version(listing),
+                                      None if index_id == cache.PODS_INDEX else kind, namespace))
+    gone = reconciler.objects.audit(index_id, listings)
+    for obj in gone:
+        meta = obj["metadata"]
+        log.warning("%s %s/%s was deleted while the watch was down (kopf re-listed without telling): "
+                    "no longer read from the cache", obj.get("kind") or "Pod", meta.get("namespace"),
+                    meta.get("name"))
+    log.info("cache audit of %s: %d objects listed, %d deleted unseen", index_id,
+             sum(len(listing.items) for listing in listings), len(gone))
     return gone
 
 
