@@ -17,18 +17,6 @@ import pytest
 
 from e2e.controlplane import ControlPlane, wait_for
 
-_minor_cache: dict[int, int] = {}
-
-
-def _server_minor(api) -> int:
-    from kubernetes import client
-
-    if id(api) not in _minor_cache:
-        v = client.VersionApi(api).get_code()
-        _minor_cache[id(api)] = int("".join(ch for ch in v.minor if ch.isdigit()) or 0)
-    return _minor_cache[id(api)]
-
-
 @pytest.fixture(scope="session")
 def control_plane():
     cp = ControlPlane.from_env()
@@ -57,19 +45,16 @@ def namespace(k8s, request):
     name = f"t-{base}-{secrets.token_hex(3)}"
     core = client.CoreV1Api(k8s)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    # Before 1.24, creating a pod fails ("No API token found for service
-    # account default") until the token controller has made the default
-    # ServiceAccount's Secret: wait for it, so tests may create pods at once.
-    needs_secret = _server_minor(k8s) < 24
-
+    # The ServiceAccount admission plugin refuses a pod whose ServiceAccount does not exist yet: wait for the
+    # serviceaccount controller to make "default", so tests may create pods at once.
     def default_sa_ready() -> bool:
         try:
-            sa = core.read_namespaced_service_account("default", name)
+            core.read_namespaced_service_account("default", name)
         except ApiException as e:
             if e.status == 404:
                 return False
             raise
-        return bool(sa.secrets) or not needs_secret
+        return True
 
     wait_for(default_sa_ready, 30, f"default ServiceAccount in namespace {name}", interval=0.05)
     try:

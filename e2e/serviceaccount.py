@@ -1,15 +1,13 @@
 """Act as a ServiceAccount against a test control plane: a kubeconfig holding its token, and
 `kubectl auth can-i` answers for it.
 
-Kubernetes 1.20's token controller writes a token Secret for every ServiceAccount; the
-test reads it as admin (the operator itself never reads Secrets) and hands the token to
-whatever should run with exactly that account's rights.
+The token is a bound one from the TokenRequest API (`kubectl create token`), as kubelets
+give pods since Kubernetes 1.24 (no token Secrets are made any more); the test asks for it
+as admin and hands it to whatever should run with exactly that account's rights.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 from pathlib import Path
 from typing import Optional
@@ -19,17 +17,13 @@ import yaml
 from e2e.controlplane import _read_kubeconfig, wait_for
 
 
-def service_account_token(cp, namespace: str, name: str, timeout: float = 60) -> str:
+def service_account_token(cp, namespace: str, name: str, timeout: float = 60, *, seconds: int = 86400) -> str:
+    """A bound token of the ServiceAccount (waiting for the account itself, which a chart may have just made)."""
     def token() -> Optional[str]:
-        sa = json.loads(cp.kubectl("get", "serviceaccount", name, "-n", namespace, "-o", "json").stdout)
-        for ref in sa.get("secrets") or []:
-            secret = json.loads(cp.kubectl("get", "secret", ref["name"], "-n", namespace, "-o", "json").stdout)
-            data = (secret.get("data") or {}).get("token")
-            if secret.get("type") == "kubernetes.io/service-account-token" and data:
-                return base64.b64decode(data).decode()
-        return None
+        p = cp.kubectl("create", "token", name, "-n", namespace, f"--duration={seconds}s", check=False)
+        return p.stdout.strip() if p.returncode == 0 else None
 
-    return wait_for(token, timeout, f"a token Secret for ServiceAccount {namespace}/{name}")
+    return wait_for(token, timeout, f"a token for ServiceAccount {namespace}/{name}")
 
 
 def service_account_kubeconfig(cp, namespace: str, name: str, path: str | os.PathLike) -> Path:

@@ -1,5 +1,5 @@
-"""The local control plane (etcd + kube-apiserver + kube-controller-manager
-1.20) and the fake kubelet that the e2e tests rely on."""
+"""The local control plane (etcd + kube-apiserver + kube-controller-manager, built
+from their Go modules) and the fake kubelet that the e2e tests rely on."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from e2e.controlplane import ENV_KUBECONFIG, ControlPlane, wait_for
+from e2e.controlplane import ENV_KUBECONFIG, KUBE_VERSION, ControlPlane, wait_for
 from e2e.fakekubelet import FakeKubelet
 
 pytestmark = pytest.mark.apiserver
@@ -58,24 +58,22 @@ def test_version(control_plane, k8s):
     v = client.VersionApi(k8s).get_code()
     assert v.major == "1" and v.git_version
     if not os.environ.get(ENV_KUBECONFIG):
-        assert v.git_version == "v1.20.2"
+        assert v.git_version == f"v{KUBE_VERSION}"
     out = control_plane.kubectl("get", "--raw", "/version").stdout
     assert json.loads(out)["gitVersion"] == v.git_version
 
 
-def test_service_account_token_secret(k8s, namespace):
+def test_service_account_token_request(k8s, namespace):
+    """Bound ServiceAccount tokens (TokenRequest): what the chart's operator and the tests' tenants use."""
     core = client.CoreV1Api(k8s)
-
-    def token_secret():
-        sa = core.read_namespaced_service_account("default", namespace)
-        for ref in sa.secrets or []:
-            s = core.read_namespaced_secret(ref.name, namespace)
-            if s.type == "kubernetes.io/service-account-token" and (s.data or {}).get("token"):
-                return s
-        return None
-
-    s = wait_for(token_secret, 30, "default ServiceAccount token Secret")
-    assert {"token", "ca.crt", "namespace"} <= set(s.data)
+    answer = core.create_namespaced_service_account_token(
+        "default", namespace, client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+            audiences=[], expiration_seconds=600)))
+    token = answer.status.token
+    review = client.AuthenticationV1Api(k8s).create_token_review(
+        client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token)))
+    assert review.status.authenticated
+    assert review.status.user.username == f"system:serviceaccount:{namespace}:default"
 
 
 def test_garbage_collector_deletes_owned_configmap(k8s, namespace):
