@@ -59,22 +59,33 @@ def test_schema_carries_enums_ranges_required_and_defaults():
     assert props["autoscaling"]["properties"]["source"]["enum"] == ["Pods", "Prometheus"]
     assert props["workloadProfile"]["properties"]["priority"]["enum"] == ["latency", "balanced", "throughput"]
     assert props["gpu"]["properties"]["memory"]["pattern"] == api.QUANTITY_PATTERN
-    # the only free-form field is affinity, passed through to the pod as is (quantities keep a pattern)
-    free = [p for p, n in _walk(crd.openapi_schema())
-            if n.get("x-kubernetes-preserve-unknown-fields") and "pattern" not in n]
+    # the only free-form field is affinity, passed through to the pod as is
+    free = [p for p, n in _walk(crd.openapi_schema()) if n.get("x-kubernetes-preserve-unknown-fields")]
     assert free == ["$.spec.affinity"]
 
 
-def test_no_int_or_string_so_server_side_apply_merges_conditions_by_type():
-    """kube-apiserver < 1.21 falls back to atomic lists for a whole CRD holding int-or-string
-    (kubernetes#90902): the reconciler's and the autoscaler's conditions would replace each other."""
+def test_quantities_are_int_or_string_with_the_quantity_grammar():
+    """A number or a quantity string, as in a pod's resources: an object or "24 GiB" is refused at admission."""
     schema = crd.openapi_schema()
-    assert not [p for p, n in _walk(schema) if n.get("x-kubernetes-int-or-string")]
+    quantities = sorted(p for p, n in _walk(schema) if n.get("x-kubernetes-int-or-string"))
+    assert quantities == ["$.spec.cache.size", "$.spec.gpu.memory", "$.spec.gpu.reservedMemory",
+                          "$.spec.resources.limits{}", "$.spec.resources.requests{}", "$.spec.shmSize"]
     for path, node in _walk(schema):
-        if node.get("x-kubernetes-preserve-unknown-fields") and "pattern" in node:
-            assert node["pattern"] == api.QUANTITY_PATTERN, path
+        if node.get("x-kubernetes-int-or-string"):
+            assert node["pattern"] == api.QUANTITY_PATTERN and "type" not in node, path
     conditions = schema["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map" and conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_every_list_and_map_of_the_spec_is_bounded():
+    """A tenant's object stays small, and the API server can bound the cost of the CEL rules walking it."""
+    for path, node in _walk(crd.openapi_schema()["properties"]["spec"], "spec"):
+        if node.get("type") == "array":
+            assert "maxItems" in node, path
+        if node.get("type") == "object" and "additionalProperties" in node:
+            assert "maxProperties" in node, path
+        if node.get("type") == "string" and "enum" not in node:
+            assert "maxLength" in node or "pattern" in node, path
 
 
 def test_every_field_has_a_description():
@@ -96,13 +107,23 @@ def test_subresources_and_printer_columns():
 
 
 @pytest.mark.parametrize("text,ok", [("24Gi", True), ("23.58Gi", True), ("500M", True), ("1e9", True),
-                                     ("24 GiB", False), ("lots", False), ("", False)])
+                                     ("24 GiB", False), ("lots", False), ("", False), ("-1Gi", False)])
 def test_quantities(text, ok):
     if ok:
         assert api.parse_quantity(text) > 0
     else:
         with pytest.raises(ValueError):
             api.parse_quantity(text)
+
+
+@pytest.mark.parametrize("value,ok", [("24Gi", True), (0, True), ("0", True), (24, False), (24.5, False)])
+def test_memory_sizes_need_a_unit(value, ok):
+    spec = {"model": {"name": "m"}, "gpu": {"memory": value}}
+    if ok:
+        api.VLLMServerSpec.model_validate(spec)
+    else:
+        with pytest.raises(ValueError, match="no unit"):
+            api.VLLMServerSpec.model_validate(spec)
 
 
 def test_quantity_values():

@@ -43,13 +43,31 @@ def allows_unsafe_args(metadata: Any) -> bool:
     return isinstance(annotations, dict) and str(annotations.get(ALLOW_UNSAFE_ARGS_ANNOTATION, "")).lower() == "true"
 
 
+#: The oldest Kubernetes the operator runs on (README, the chart's kubeVersion, checked at start): CRD validation
+#: rules with fieldPath and the quantity library, ValidatingAdmissionPolicy v1 (1.30), policy/v1, autoscaling/v2.
+#: The tests run on the release e2e/testbed/kube/go.mod pins.
+MIN_KUBERNETES_VERSION = (1, 30)
+
+
+def parse_kube_version(version: dict[str, Any]) -> tuple[int, int]:
+    """(major, minor) of a /version answer; providers write the minor as "30+" or the like."""
+    digits = lambda text: int(re.match(r"\d+", str(text)).group(0))  # noqa: E731
+    return digits(version["major"]), digits(version["minor"])
+
+
+#: Longest VLLMServer name: StatefulSet pods carry controller-revision-hash=<name>-<10 chars>, a 63-char label.
+MAX_NAME_LENGTH = 52
+
+#: The non-root user the vLLM container runs as unless spec.runAsUser says otherwise.
+DEFAULT_RUN_AS_USER = 1000
+
 #: The vLLM release the default image pins; the same release's parser checks our flags.
 VLLM_VERSION = "0.32.0"
 DEFAULT_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 
-# Kubernetes' own quantity grammar (apimachinery resource.Quantity).
+# Kubernetes' own quantity grammar (apimachinery resource.Quantity), without a sign: no size here is negative.
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
@@ -85,19 +103,29 @@ def _int_to_str(value: Any) -> Any:
     return value
 
 
-#: A Kubernetes quantity: a string like "24Gi" (plain numbers are accepted too).
-#: The CRD marks it x-kubernetes-preserve-unknown-fields, not x-kubernetes-int-or-string: a
-#: kube-apiserver before 1.21 cannot build server-side apply's schema for a CRD holding
-#: int-or-string (kubernetes#90902) and then treats every list of the resource as atomic, so
-#: status.conditions written by the reconciler and by the autoscaler (two field managers)
-#: would replace each other. The pattern still checks strings and numbers pass; the
-#: operator refuses anything else with a SpecValid message.
-Quantity = Annotated[
-    str,
-    BeforeValidator(_int_to_str),
-    AfterValidator(_check_quantity),
-    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True, "pattern": QUANTITY_PATTERN}),
-]
+def _size_with_unit(value: Any) -> Any:
+    """A memory size given as a bare number means bytes, which is never what was meant (`memory: 24`)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0:
+        raise ValueError(f"{value!r} has no unit: write a size such as 24Gi or 512Mi (a bare number means bytes)")
+    return _int_to_str(value)
+
+
+#: The API server's schema for a quantity: a number or a string of Kubernetes' quantity grammar, as in a pod's
+#: resources; an object, a list or "24 GiB" are refused at admission, naming the field.
+_QUANTITY_SCHEMA = {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "maxLength": 64}
+
+#: A Kubernetes quantity: "8", 8, "500m", "64Gi" (resources).
+Quantity = Annotated[str, BeforeValidator(_int_to_str), AfterValidator(_check_quantity),
+                     WithJsonSchema(_QUANTITY_SCHEMA)]
+
+#: A memory size: a quantity with a unit ("24Gi", "23.58Gi", "500M"; 0 alone is allowed). The API server refuses
+#: a bare number other than 0 through the CEL rule, the operator through the validator.
+ByteSize = Annotated[str, BeforeValidator(_size_with_unit), AfterValidator(_check_quantity), WithJsonSchema({
+    **_QUANTITY_SCHEMA,
+    "x-kubernetes-validations": [{"rule": "type(self) == string || self == 0",
+                                  "message": "a memory size needs a unit, such as 24Gi or 512Mi (a bare number "
+                                             "means bytes)"}],
+})]
 
 # Kubernetes' own name grammars (apimachinery validation): the API server refuses a child built from
 # anything else, so the spec is refused first, with the field's path.
@@ -133,6 +161,24 @@ def _check_resource_names(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def cel(rule: str, message: str, field_path: Optional[str] = None) -> dict[str, str]:
+    """One CEL validation rule of the CRD (x-kubernetes-validations): the API server refuses a spec breaking it
+    at admission, with `message` under `field_path` (relative to the object holding the rule)."""
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+def _rules(*rules: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+#: Bounds on maps and lists: every object a tenant writes stays small, and the API server can bound the cost
+#: of the CEL rules that walk them.
+MAX_MAP_ENTRIES = 64
+MAX_ANNOTATION_VALUE = 4096
+
 #: A DNS subdomain (names of Secrets, ServiceAccounts, PriorityClasses, StorageClasses, claims).
 DNSSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
 #: A label value (at most 63 characters).
@@ -141,14 +187,15 @@ LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 Labels = Annotated[
     dict[str, LabelValue],
     AfterValidator(_check_label_keys),
-    WithJsonSchema({"type": "object", "additionalProperties": {"type": "string", "maxLength": 63,
-                                                               "pattern": LABEL_VALUE_PATTERN}}),
+    WithJsonSchema({"type": "object", "maxProperties": MAX_MAP_ENTRIES,
+                    "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}}),
 ]
 #: Annotations: qualified-name keys, any string values.
 Annotations = Annotated[
     dict[str, str],
     AfterValidator(_check_label_keys),
-    WithJsonSchema({"type": "object", "additionalProperties": {"type": "string"}}),
+    WithJsonSchema({"type": "object", "maxProperties": MAX_MAP_ENTRIES,
+                    "additionalProperties": {"type": "string", "maxLength": MAX_ANNOTATION_VALUE}}),
 ]
 
 #: A free-form Kubernetes object we pass through verbatim (e.g. affinity).
@@ -236,9 +283,9 @@ class GPUSpec(_Model):
     """GPUs per server (nvidia.com/gpu); also the tensor-parallel size."""
     product: Optional[str] = Field(None, min_length=1, max_length=128)
     """GPU product as the NVIDIA GPU feature discovery labels it (nvidia.com/gpu.product), e.g. NVIDIA-L4."""
-    memory: Optional[Quantity] = None
+    memory: Optional[ByteSize] = None
     """Memory of one GPU (e.g. 24Gi or 23.58Gi); overrides the catalog's figure for the product."""
-    reserved_memory: Quantity = Field("0", alias="reservedMemory")
+    reserved_memory: ByteSize = Field("0", alias="reservedMemory")
     """GPU memory per GPU to leave untouched for other processes (display, MPS, sidecars)."""
 
 
@@ -275,12 +322,25 @@ class EnvVarSource(_Model):
     """A key of a Secret (API keys, tokens): the value never appears in the VLLMServer."""
 
 
+#: Environment the operator sets (HF_HOME, the token), or the NVIDIA device plugin owns (which GPUs the container
+#: sees): engine.env may not set it.
+OWNED_ENV = ("HOME", "HF_HOME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
 class EnvVar(_Model):
     """An environment variable for the vLLM container: a plain value, or a Secret reference for credentials."""
 
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!(self.name in " + repr(list(OWNED_ENV)) + ")",
+            "this variable is set by the operator (HOME, HF_HOME, HF_TOKEN: use spec.cache and spec.hfTokenSecretRef) or "
+            "by the NVIDIA device plugin (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES: use spec.gpu)", ".name"),
+        cel("!has(self.valueFrom) || !has(self.value) || self.value == ''",
+            "set value or valueFrom, not both", ".value"),
+    ))
+
     name: str = Field(..., min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     """Variable name."""
-    value: str = ""
+    value: str = Field("", max_length=16384)
     """Plain value. Never put credentials here: the spec is readable by anyone who can read the resource."""
     value_from: Optional[EnvVarSource] = Field(None, alias="valueFrom")
     """Take the value from a Secret instead (e.g. VLLM_API_KEY); then value must be empty."""
@@ -288,6 +348,12 @@ class EnvVar(_Model):
 
 class EngineSpec(_Model):
     """vLLM engine settings. Any value set here is pinned: it wins over the derived one, and is still checked."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) || self.maxNumBatchedTokens >= self.maxNumSeqs",
+            "must be at least maxNumSeqs: vLLM requires max-num-batched-tokens >= max-num-seqs",
+            ".maxNumBatchedTokens"),
+    ))
 
     gpu_memory_utilization: Optional[float] = Field(None, gt=0.0, le=1.0, alias="gpuMemoryUtilization")
     """Fraction of each GPU's total memory vLLM may use (--gpu-memory-utilization)."""
@@ -313,7 +379,15 @@ class EngineSpec(_Model):
 class CacheSpec(_Model):
     """The Hugging Face cache volume (HF_HOME). Either a new claim per replica (size) or an existing claim."""
 
-    size: Optional[Quantity] = None
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.claimName) || !(has(self.size) || has(self.storageClassName))",
+            "set either claimName (an existing claim) or size/storageClassName (a new claim per replica), not both",
+            ".claimName"),
+        cel("has(self.claimName) || has(self.size)",
+            "set size (a new claim per replica) or claimName (an existing claim)"),
+    ))
+
+    size: Optional[ByteSize] = None
     """Size of a new PersistentVolumeClaim per replica (StatefulSet volumeClaimTemplates)."""
     storage_class_name: Optional[DNSSubdomain] = Field(None, alias="storageClassName")
     """Storage class of the new claim; the cluster default when omitted."""
@@ -333,6 +407,12 @@ class SecretKeyRef(_Model):
 # --------------------------------------------------------------------------- autoscaling
 class AutoscalingSpec(_Model):
     """Scale replicas on vLLM's own queue (vllm:num_requests_waiting)."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!self.enabled || has(self.maxReplicas)", "required when autoscaling is enabled", ".maxReplicas"),
+        cel("!has(self.maxReplicas) || self.maxReplicas >= self.minReplicas",
+            "must be at least minReplicas", ".maxReplicas"),
+    ))
 
     enabled: bool = False
     """Turn queue-based autoscaling on; when on, replicas is ignored and the autoscaler owns the count."""
@@ -360,30 +440,66 @@ class AutoscalingSpec(_Model):
 class Toleration(_Model):
     """A Kubernetes toleration."""
 
-    key: Optional[Annotated[str, AfterValidator(_check_qualified_name)]] = None
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "must be empty with operator: Exists", ".value"),
+        cel("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+            "must be Exists when key is empty (a toleration of every taint)", ".operator"),
+        cel("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "applies to effect: NoExecute only", ".tolerationSeconds"),
+    ))
+
+    key: Optional[Annotated[str, Field(max_length=317), AfterValidator(_check_qualified_name)]] = None
     """Taint key."""
     operator: Optional[Literal["Exists", "Equal"]] = None
     """Exists or Equal."""
-    value: Optional[str] = None
+    value: Optional[LabelValue] = None
     """Taint value for Equal."""
     effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
     """Taint effect; all effects when empty."""
-    toleration_seconds: Optional[int] = Field(None, alias="tolerationSeconds")
+    toleration_seconds: Optional[int] = Field(None, ge=0, le=100_000_000, alias="tolerationSeconds")
     """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+_MAX_RESOURCES = 16
 
 
 class ResourceOverrides(_Model):
     """Host CPU/memory for the vLLM container; the GPU count always comes from gpu.count."""
 
-    requests: Annotated[dict[str, Quantity], AfterValidator(_check_resource_names)] = Field(default_factory=dict)
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.requests) || !('nvidia.com/gpu' in self.requests)",
+            "nvidia.com/gpu comes from spec.gpu.count; remove it from resources", ".requests"),
+        cel("!has(self.limits) || !('nvidia.com/gpu' in self.limits)",
+            "nvidia.com/gpu comes from spec.gpu.count; remove it from resources", ".limits"),
+        cel("!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits) || "
+            "!quantity(string(self.requests[k])).isGreaterThan(quantity(string(self.limits[k]))))",
+            "a request is above its limit; Kubernetes refuses a request above its limit", ".requests"),
+    ))
+
+    requests: Annotated[dict[str, Quantity], AfterValidator(_check_resource_names)] = Field(
+        default_factory=dict, max_length=_MAX_RESOURCES)
     """Resource requests, e.g. {cpu: "8", memory: 64Gi}."""
-    limits: Annotated[dict[str, Quantity], AfterValidator(_check_resource_names)] = Field(default_factory=dict)
+    limits: Annotated[dict[str, Quantity], AfterValidator(_check_resource_names)] = Field(
+        default_factory=dict, max_length=_MAX_RESOURCES)
     """Resource limits."""
 
 
 # --------------------------------------------------------------------------- spec
 class VLLMServerSpec(_Model):
     """Desired state of a vLLM server."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.autoscaling) || !self.autoscaling.enabled || self.workload == 'StatefulSet'",
+            "autoscaling needs workload: StatefulSet; a DaemonSet runs one server per matching node, so its size "
+            "follows the nodes (set autoscaling.enabled: false or workload: StatefulSet)", ".autoscaling.enabled"),
+        cel("!self.hostNetwork || self.workload == 'DaemonSet'",
+            "only a DaemonSet may use the node's network (replicas of a StatefulSet would collide on port 8000)",
+            ".hostNetwork"),
+        cel("!has(self.cache) || !has(self.cache.size) || self.workload != 'DaemonSet'",
+            "a DaemonSet cannot create a claim per pod; use cache.claimName (ReadWriteMany or ReadOnlyMany)",
+            ".cache.size"),
+    ))
 
     model: ModelSpec
     """The model to serve."""
@@ -399,7 +515,7 @@ class VLLMServerSpec(_Model):
     """GPUs per server."""
     ipc: Literal["Host", "SharedMemory"] = "SharedMemory"
     """Shared memory for tensor parallelism: the host's IPC namespace, or an in-memory /dev/shm volume."""
-    shm_size: Optional[Quantity] = Field(None, alias="shmSize")
+    shm_size: Optional[ByteSize] = Field(None, alias="shmSize")
     """Size of /dev/shm for ipc: SharedMemory; derived from the tensor-parallel size when omitted."""
     host_network: bool = Field(False, alias="hostNetwork")
     """DaemonSet only: serve on the node's network (port 8000 on each GPU node)."""
@@ -415,7 +531,7 @@ class VLLMServerSpec(_Model):
     """Queue-based autoscaling."""
     node_selector: Labels = Field(default_factory=dict, alias="nodeSelector")
     """Extra node selector labels."""
-    tolerations: list[Toleration] = Field(default_factory=list)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Extra tolerations (the nvidia.com/gpu taint is always tolerated)."""
     affinity: Optional[FreeForm] = None
     """Pod affinity, as in a Pod spec."""
@@ -429,6 +545,10 @@ class VLLMServerSpec(_Model):
     """ServiceAccount the vLLM pods run as."""
     priority_class_name: Optional[DNSSubdomain] = Field(None, alias="priorityClassName")
     """PriorityClass of the pods."""
+    run_as_user: int = Field(DEFAULT_RUN_AS_USER, ge=1, le=2**31 - 1, alias="runAsUser")
+    """User (and group) ID the vLLM container runs as; never root, so the pods pass Pod Security "restricted".
+    The official vllm/vllm-openai image runs as root and has no user of its own: any non-zero ID works (HOME is
+    an emptyDir the pod can write, the model cache gets this group)."""
 
 
 # --------------------------------------------------------------------------- status

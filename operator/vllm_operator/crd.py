@@ -32,8 +32,8 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
         merged = dict(options[0])
         merged.update(node)
         node = _resolve(merged, defs)
-    if node.get("default", 0) is None or node.get("default", 0) == "":
-        del node["default"]  # Kubernetes 1.20 reads a "" default as null and refuses the CRD
+    if "default" in node and node["default"] is None:
+        del node["default"]  # Optional fields: absent, not null
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in ("title", "$defs"):
@@ -76,6 +76,16 @@ def openapi_schema() -> dict[str, Any]:
         "type": "object",
         "description": "VLLMServer runs a vLLM OpenAI-compatible server with flags derived from the model and GPU.",
         "required": ["spec"],
+        # Rules on metadata.name live at the root, the only place CEL may read it (a fieldPath cannot point
+        # into metadata, so the messages name the field).
+        "x-kubernetes-validations": [
+            api.cel(f"self.metadata.name.size() <= {api.MAX_NAME_LENGTH}",
+                    f"metadata.name: at most {api.MAX_NAME_LENGTH} characters, because pod labels derived from it "
+                    "are limited to 63"),
+            api.cel("self.metadata.name.matches('^[a-z]')",
+                    "metadata.name must start with a letter: the client Service is named after the server and "
+                    "Service names must start with a letter (DNS-1035)"),
+        ],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
