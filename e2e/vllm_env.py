@@ -348,6 +348,7 @@ def start_vllm(
     env: dict[str, str] | None = None,
     stop_grace: float = 20,
     engine_nice: int | None = 19,
+    user: int | None = None,
 ) -> VLLMProcess:
     """Start a real vLLM OpenAI server on ``host_ip:port`` serving the tiny model.
 
@@ -355,6 +356,8 @@ def start_vllm(
     renices the engine processes to ``engine_nice`` (None: leave them alone; see
     :meth:`VLLMProcess.renice_engine`). ``extra_args`` are appended to the command line,
     ``env`` to the environment (HF_HUB_OFFLINE=1, VLLM_CPU_KVCACHE_SPACE=1 are set).
+    ``user``: run vLLM as this uid and gid with no supplementary groups (as a pod's runAsUser/runAsGroup
+    would), through util-linux's setpriv; the guard stays root so it can stop the whole tree.
     """
     python = ensure_vllm()
     model = Path(model_dir) if model_dir else tiny_model_dir()
@@ -373,6 +376,8 @@ def start_vllm(
         "--port", str(port),
         *map(str, extra_args),
     ]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--", *cmd]
     guard = [sys.executable, str(Path(__file__).resolve()), "--guard", str(stop_grace), str(os.getpid()), "--", *cmd]
     # PDEATHSIG fires when the *thread* that forked the child ends: only use it from the
     # main thread (the guard's parent-pid polling covers the other cases).

@@ -3,7 +3,7 @@
 Pure tests render the chart with Helm's own Go code (helm-python-sdk, offline, as `helm
 template` does). The `apiserver` tests send every rendered object (the chart in both
 modes, the bundle, and the operator's own output for every example) to the local
-kube-apiserver 1.20 as a server-side dry run.
+kube-apiserver of the test bed as a server-side dry run.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ import yaml
 from packaging.requirements import Requirement  # pytest's own dependency
 from packaging.utils import canonicalize_name
 
+from e2e.controlplane import KUBE_VERSION
 from vllm_operator import cli, packaging
+from vllm_operator.api import MIN_KUBERNETES_VERSION as MIN_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / packaging.CHART
@@ -129,10 +131,16 @@ def test_values_schema_as_helm_validates_it(values, ok):
                 chart.validate_schema(values)
 
 
-def test_helm_lint_is_clean_for_kubernetes_1_20():
-    report = packaging.helm_python().lint(str(CHART), strict=True, kube_version="v1.20.2", namespace="ops")
+@pytest.mark.parametrize("version", [".".join(map(str, MIN_VERSION)) + ".0", KUBE_VERSION])
+def test_helm_lint_is_clean_from_the_declared_minimum_to_the_test_bed(version):
+    report = packaging.helm_python().lint(str(CHART), strict=True, kube_version=f"v{version}", namespace="ops")
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_the_chart_declares_the_operators_minimum_kubernetes():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">={}.{}.0-0".format(*MIN_VERSION)
 
 
 # --------------------------------------------------------------------------- the chart, rendered by Helm
@@ -153,6 +161,7 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
         ("", "pods"): {"get", "list", "watch"},
         ("", "events"): {"create"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"get"},
     }
     (binding,) = by_kind(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vllm-operator", "namespace": "ops"}]
@@ -177,6 +186,7 @@ def test_namespaced_mode_is_roles_only():
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     cluster_wide = rules(by_kind(render(), "ClusterRole")[0])
     del cluster_wide[("apiextensions.k8s.io", "customresourcedefinitions")]
+    del cluster_wide[("", "namespaces")]
     assert all(rules(r) == cluster_wide for r in roles)
     bindings = by_kind(objects, "RoleBinding")
     assert {(b["metadata"]["namespace"], b["subjects"][0]["namespace"]) for b in bindings} == {
@@ -189,7 +199,7 @@ def test_namespaced_mode_with_cluster_discovery():
     objects = render({"operator": {"watchNamespaces": ["team-a"]}, "rbac": {"clusterDiscovery": True}})
     (role,) = by_kind(objects, "ClusterRole")
     assert rules(role) == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-                           ("", "namespaces"): {"list", "watch"}}
+                           ("", "namespaces"): {"get", "list", "watch"}}
     assert "--disable-scanning" not in container(objects)["args"]
 
 
@@ -380,8 +390,8 @@ def test_bundle_passes_server_side_dry_run(control_plane):
 @pytest.mark.apiserver
 @pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
 def test_operator_output_for_every_example_passes_server_side_dry_run(control_plane, namespace, example):
-    p = subprocess.run([sys.executable, "-m", "vllm_operator.cli", "render", str(ROOT / "examples" / example),
-                        "--pdb-api-version", "policy/v1beta1"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "vllm_operator.cli", "render", str(ROOT / "examples" / example)],
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     objects = [o for o in yaml.safe_load_all(p.stdout) if o]
     assert objects

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -218,3 +220,49 @@ def test_guard_takes_the_whole_tree_down_when_its_parent_is_killed(tmp_path):
     while vllm_env._pids_in_group(pgid):
         assert time.monotonic() < deadline, vllm_env._pids_in_group(pgid)
         time.sleep(0.2)
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_vllm_serves_as_the_non_root_user_the_pods_run_as(tmp_path):
+    """The generated pod runs vLLM as spec.runAsUser with HOME on an emptyDir and HF_HOME on the cache volume
+    (Pod Security "restricted"); the real CPU server starts and answers that way: no write to a path only root
+    may write (the image's /root), nothing it needs outside HOME and the cache."""
+    from vllm_operator import builders, pipeline
+    from vllm_operator.api import VLLMServer
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    server = VLLMServer.model_validate(doc)
+    plan = pipeline.plan_server(server.metadata.name, "ns", server.spec)
+    pod = builders.pod_template(plan)["spec"]
+    uid = pod["securityContext"]["runAsUser"]
+    assert uid != 0 and pod["securityContext"]["runAsNonRoot"]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
+    # the pod's volumes, as the kubelet would make them: an emptyDir for HOME, the cache owned by fsGroup; the
+    # rest of the "pod" (and the working directory) only readable, like the image's file system
+    root = Path(tempfile.mkdtemp(prefix="vllm-nonroot-"))
+    home, cache = root / env["HOME"].lstrip("/"), root / builders.CACHE_MOUNT.lstrip("/")
+    for d in (home, cache):
+        d.mkdir(parents=True)
+        os.chown(d, uid, pod["securityContext"]["fsGroup"])
+    for d in (root, home.parent):
+        os.chmod(d, 0o755)
+    host = "127.0.0.3"
+    port = free_port(host)
+    proc = start_vllm(host, port, user=uid, env={"HOME": str(home), "HF_HOME": str(cache / "huggingface")},
+                      log_path=root / "vllm.log")
+    with proc:
+        proc.wait_healthy(300)
+        def uids(pid: int) -> set[str]:
+            status = Path(f"/proc/{pid}/status").read_text()
+            return set(next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")))
+
+        servers = [p for p in vllm_env._pids_in_group(proc.pid) if p != proc.pid]  # the guard alone is root
+        assert servers and all(uids(p) == {str(uid)} for p in servers), {p: uids(p) for p in servers}
+        body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 4}).encode()
+        req = urllib.request.Request(f"http://{host}:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.loads(r.read())["usage"]["completion_tokens"] == 4
+    shutil.rmtree(root, ignore_errors=True)

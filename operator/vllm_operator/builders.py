@@ -16,6 +16,9 @@ PORT = 8000
 PORT_NAME = "http"
 CACHE_MOUNT = "/cache"
 HF_HOME = f"{CACHE_MOUNT}/huggingface"
+#: HOME of the non-root vLLM user: an emptyDir, since the image's /root is not writable by it (vLLM, torch.compile,
+#: Triton and FlashInfer keep caches and settings under ~/.cache and ~/.config).
+HOME = "/home/vllm"
 PRESTOP_SECONDS = 10
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -103,7 +106,7 @@ def container_resources(plan: Plan) -> dict[str, Any]:
 
 def container_env(plan: Plan) -> list[dict[str, Any]]:
     spec = plan.spec
-    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HF_HOME}]
+    env: list[dict[str, Any]] = [{"name": "HOME", "value": HOME}, {"name": "HF_HOME", "value": HF_HOME}]
     if spec.hf_token_secret_ref is not None:
         ref = spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -116,11 +119,20 @@ def container_env(plan: Plan) -> list[dict[str, Any]]:
     return env
 
 
+def pod_security_context(spec: api.VLLMServerSpec) -> dict[str, Any]:
+    """Non-root with the runtime's default seccomp profile: what Pod Security "restricted" asks of a pod (the
+    container adds no privilege escalation and drops every capability). fsGroup makes the model cache's claim
+    writable by that user."""
+    uid = spec.run_as_user
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def pod_template(plan: Plan) -> dict[str, Any]:
     """The vLLM pod: image, derived args, GPUs, shared memory, cache, probes that never kill a loading model."""
     spec = plan.spec
-    mounts = [{"name": "cache", "mountPath": CACHE_MOUNT}]
-    volumes: list[dict[str, Any]] = []
+    mounts = [{"name": "cache", "mountPath": CACHE_MOUNT}, {"name": "home", "mountPath": HOME}]
+    volumes: list[dict[str, Any]] = [{"name": "home", "emptyDir": {}}]
     if spec.cache is None:
         volumes.append({"name": "cache", "emptyDir": {}})
     elif spec.cache.claim_name:
@@ -166,6 +178,7 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "enableServiceLinks": False,
         # vLLM never talks to the Kubernetes API.
         "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(spec),
     }
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
@@ -269,10 +282,10 @@ def wants_pdb(spec: api.VLLMServerSpec) -> bool:
     return spec.replicas > 1
 
 
-def build_pdb(plan: Plan, owner: Optional[dict] = None, *, api_version: str = "policy/v1") -> dict[str, Any]:
+def build_pdb(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
     """At most one replica down at a time through voluntary disruptions (drains, upgrades)."""
     return {
-        "apiVersion": api_version,
+        "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": metadata(plan, plan.name, owner),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(plan.name)}},
@@ -308,13 +321,12 @@ def _scale_target(plan: Plan) -> dict[str, Any]:
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": plan.name}
 
 
-def build_hpa(plan: Plan, owner: Optional[dict] = None, *, api_version: str = "autoscaling/v2") -> dict[str, Any]:
+def build_hpa(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
     """autoscaling.mode HPA: a HorizontalPodAutoscaler on the Pods metric vllm:num_requests_waiting
-    (served by prometheus-adapter), averageValue targetWaitingPerReplica. autoscaling/v2 and
-    v2beta2 have the same shape for these fields."""
+    (served by prometheus-adapter), averageValue targetWaitingPerReplica."""
     a = plan.spec.autoscaling
     return {
-        "apiVersion": api_version,
+        "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
         "metadata": metadata(plan, plan.name, owner, component="autoscaler"),
         "spec": {
@@ -358,8 +370,7 @@ def build_scaled_object(plan: Plan, owner: Optional[dict] = None) -> dict[str, A
     }
 
 
-def build_all(plan: Plan, owner: Optional[dict] = None, *, pdb_api_version: str = "policy/v1",
-              hpa_api_version: str = "autoscaling/v2") -> list[dict[str, Any]]:
+def build_all(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:
     """Every object one VLLMServer wants, in apply order. The plan must fit."""
     if not plan.fits:
         raise ValueError("cannot build objects for a plan with problems: " + "; ".join(map(str, plan.problems)))
@@ -371,10 +382,10 @@ def build_all(plan: Plan, owner: Optional[dict] = None, *, pdb_api_version: str 
     else:
         objects.append(build_daemonset(plan, owner))
     if wants_pdb(spec):
-        objects.append(build_pdb(plan, owner, api_version=pdb_api_version))
+        objects.append(build_pdb(plan, owner))
     if spec.autoscaling.enabled and spec.workload == "StatefulSet":
         if spec.autoscaling.mode == "HPA":
-            objects.append(build_hpa(plan, owner, api_version=hpa_api_version))
+            objects.append(build_hpa(plan, owner))
         elif spec.autoscaling.mode == "KEDA":
             objects.append(build_scaled_object(plan, owner))
     return objects

@@ -140,9 +140,10 @@ CREDENTIAL_FLAGS: dict[str, str] = {
 UNSAFE_FLAGS = ("--host", "--port")
 DEFAULT_PORT = 8000
 _CREDENTIAL_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
-#: Environment the operator sets; engine.env may not override it.
-OWNED_ENV = {"HF_HOME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
-MAX_NAME_LENGTH = 52  # StatefulSet pods carry controller-revision-hash=<name>-<10 chars>, a 63-char label
+#: Environment the operator or the NVIDIA device plugin sets; engine.env may not override it.
+OWNED_ENV = set(api.OWNED_ENV)
+_DEVICE_PLUGIN_ENV = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
+MAX_NAME_LENGTH = api.MAX_NAME_LENGTH
 
 
 @dataclass(frozen=True)
@@ -399,7 +400,10 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
     problems.extend(credential_problems(spec))
     for i, env in enumerate(spec.engine.env):
         where = f"spec.engine.env[{i}]"
-        if env.name in OWNED_ENV:
+        if env.name in _DEVICE_PLUGIN_ENV:
+            add(where, f"{env.name} is set by the NVIDIA device plugin to the GPUs the pod was given; choose GPUs "
+                "with spec.gpu instead")
+        elif env.name in OWNED_ENV:
             add(where, f"{env.name} is set by the operator; use hfTokenSecretRef for tokens and cache for HF_HOME")
         elif env.value_from is not None and env.value:
             add(where, f"{env.name}: set value or valueFrom, not both")

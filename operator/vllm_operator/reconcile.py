@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import api, builders, events, pipeline
+from . import api, builders, events, pipeline, podsecurity
 from .autoscaler import ownership
 from .cache import WatchedObjects
 from .kube import ApiError, Kube
@@ -33,6 +33,8 @@ OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScal
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
+#: How long a namespace's labels (its Pod Security level) are trusted: a no-op resync reads none.
+NAMESPACE_TTL_SECONDS = 300.0
 COMPONENT = "vllm-operator"
 
 
@@ -151,17 +153,16 @@ class Reconciler:
     kube: Kube
     hf_endpoint: Optional[str] = None
     prometheus_url: Optional[str] = None
-    pdb_api_version: str = "policy/v1"
-    hpa_api_version: str = "autoscaling/v2"
     clock: Callable[[], str] = utcnow
     fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
     #: Watch-fed copies of servers, children and pods (cache.py); None: GET and LIST every time.
     objects: Optional[WatchedObjects] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
+    _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
 
     def managed_kinds(self) -> list[tuple[str, str]]:
         return [("v1", "Service"), ("apps/v1", "StatefulSet"), ("apps/v1", "DaemonSet"),
-                (self.pdb_api_version, "PodDisruptionBudget"), (self.hpa_api_version, "HorizontalPodAutoscaler"),
+                ("policy/v1", "PodDisruptionBudget"), ("autoscaling/v2", "HorizontalPodAutoscaler"),
                 (KEDA_API_VERSION, "ScaledObject")]
 
     def serves_keda(self) -> bool:
@@ -192,31 +193,39 @@ class Reconciler:
 
         spec, errors = pipeline.parse_spec(body.get("spec") or {})
         plan = None
+        reason = "InvalidSpec"
+        desired: list[dict[str, Any]] = []
         if spec is not None:
             kwargs = {"fetch": self.fetch_config} if self.fetch_config else {}
             plan = pipeline.plan_server(name, namespace, spec, hf_endpoint=self.hf_endpoint,
                                         default_prometheus_url=self.prometheus_url,
                                         allow_unsafe_args=api.allows_unsafe_args(meta), **kwargs)
             errors = [str(p) for p in plan.problems]
+        if not errors:
+            assert plan is not None
+            desired = [with_hash(o) for o in builders.build_all(plan, body)]
+            forbidden = self._pod_security(namespace, desired)
+            if forbidden:
+                errors, reason = [forbidden], "PodSecurityForbidden"
 
         old_valid = condition(status, "SpecValid")
         if errors:
             result.valid = False
             message = "; ".join(errors)
-            conditions = set_condition(conditions, "SpecValid", "False", "InvalidSpec", message, generation, now)
+            conditions = set_condition(conditions, "SpecValid", "False", reason, message, generation, now)
             if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
-                result.events.append(("Warning", "InvalidSpec", message))
+                result.events.append(("Warning", reason, message))
             # Nothing new is applied: the children of the last valid spec keep serving.
             live = self._live_children(namespace, name, meta["uid"])
             workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
             progress = workload_progress(workload)
-            conditions = set_condition(conditions, "Degraded", "True", "InvalidSpec",
+            conditions = set_condition(conditions, "Degraded", "True", reason,
                                        "the spec cannot be deployed; the last valid version keeps running: " + message,
                                        generation, now)
             conditions = self._ready_conditions(conditions, progress, workload, generation, now, stalled=True)
             # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
             # waiting out its timeout on Ready=False; present only while the spec is invalid.
-            conditions = set_condition(conditions, "Stalled", "True", "InvalidSpec", message, generation, now)
+            conditions = set_condition(conditions, "Stalled", "True", reason, message, generation, now)
             kept = {k: status[k] for k in ("selector", "endpoint", "plan") if k in status}
             new_status = {**kept, "observedGeneration": generation, "conditions": conditions,
                           "replicas": progress["desired"], "readyReplicas": progress["ready"]}
@@ -226,8 +235,6 @@ class Reconciler:
             conditions = set_condition(conditions, "SpecValid", "True", "Planned",
                                        f"flags derived: {plan.max_model_len} tokens of context, "
                                        f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
-            desired = [with_hash(o) for o in builders.build_all(plan, body, pdb_api_version=self.pdb_api_version,
-                                                                hpa_api_version=self.hpa_api_version)]
             conditions, desired = self._external_scaler(name, spec, desired, conditions, generation, now, result)
             live = self._live_children(namespace, name, meta["uid"])
             workload = None
@@ -303,6 +310,32 @@ class Reconciler:
             self.event(body, type_, reason, message)
         return result
     # ---- pieces
+    def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
+        """Why the namespace's Pod Security level would refuse the workload's pods, if it would."""
+        level = podsecurity.enforced_level(self.namespace_labels(namespace))
+        for obj in desired:
+            if obj["kind"] in ("StatefulSet", "DaemonSet"):
+                found = podsecurity.violations(obj["spec"]["template"]["spec"], level)
+                if found:
+                    return podsecurity.message(namespace, level, found)
+        return None
+
+    def namespace_labels(self, namespace: str) -> Optional[dict[str, str]]:
+        """A namespace's labels, read at most every NAMESPACE_TTL_SECONDS (None when this operator may not read
+        namespaces: its Roles-only mode; the StatefulSet controller's FailedCreate events then tell)."""
+        now = time.monotonic()
+        hit = self._namespaces.get(namespace)
+        if hit is None or now - hit[1] > NAMESPACE_TTL_SECONDS:
+            try:
+                ns = self.kube.get("v1", "Namespace", None, namespace)
+                labels = (ns or {}).get("metadata", {}).get("labels") or {}
+            except ApiError as e:
+                if e.status != 403:
+                    raise
+                labels = None
+            hit = self._namespaces[namespace] = (labels, now)
+        return hit[0]
+
     def _adopt_replicas(self, sts: dict[str, Any], spec: api.VLLMServerSpec) -> None:
         a = spec.autoscaling
         ownership.adopt_replicas(self.kube, sts, a.min_replicas, a.max_replicas, self.kube.field_manager)
@@ -317,7 +350,7 @@ class Reconciler:
         old = condition({"conditions": conditions}, "ExternalScaler")
         target = builders.scaler_quantity(a.target_waiting_per_replica)
         if mode == "HPA":
-            cond = ("True", "HPAApplied", f"HorizontalPodAutoscaler {name} ({self.hpa_api_version}) "
+            cond = ("True", "HPAApplied", f"HorizontalPodAutoscaler {name} (autoscaling/v2) "
                     f"scales the StatefulSet on the Pods metric {builders.QUEUE_METRIC}, {target} per replica; "
                     "it needs a custom metrics adapter (prometheus-adapter) serving that metric")
         elif self.serves_keda():

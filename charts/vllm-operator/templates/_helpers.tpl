@@ -93,6 +93,14 @@ Hugging Face token through a secretKeyRef; the operator never does.
 {{- end -}}
 
 {{/* What kopf reads at cluster scope: CRDs (to notice the VLLMServer CRD being reinstalled). */}}
+{{- define "vllm-operator.namespaceRules" -}}
+# Namespaces (get): a namespace's Pod Security level (pod-security.kubernetes.io/enforce), so a VLLMServer whose
+# pods the namespace would refuse says so in its status instead of waiting for pods that never come.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get"]
+{{- end -}}
+
 {{- define "vllm-operator.crdRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
