@@ -72,13 +72,12 @@ def server_docs(n: int, namespaces: int) -> list[dict]:
     return docs
 
 
-def render(docs: list[dict], pdb_api_version: str) -> list[dict]:
+def render(docs: list[dict]) -> list[dict]:
     """The children the operator would make, from the offline CLI (`vllm-operator render`)."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump_all(docs, f)
     try:
-        out = subprocess.run([sys.executable, "-m", "vllm_operator.cli", "render", f.name,
-                              "--pdb-api-version", pdb_api_version], check=True,
+        out = subprocess.run([sys.executable, "-m", "vllm_operator.cli", "render", f.name], check=True,
                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "operator")})
     finally:
         os.unlink(f.name)
@@ -296,7 +295,7 @@ def floor_phase(args: argparse.Namespace, docs: list[dict], workdir: Path) -> di
     runs): what creating the custom resources costs on its own."""
     with ControlPlane(workdir / "cp") as cp:
         kube = Kube(cp.api_client())
-        children = render(docs, "policy/v1" if kube.serves("policy/v1") else "policy/v1beta1")
+        children = render(docs)
         kinds = Counter(o["kind"] for o in children)
         ensure_namespaces(kube, {o["metadata"]["namespace"] for o in children})
         seconds = apply_all(kube, children, args.workers)

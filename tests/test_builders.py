@@ -276,24 +276,16 @@ def test_client_service(example):
     ({"replicas": 1, "autoscaling": {"enabled": True, "maxReplicas": 4}}, True),
     ({"replicas": 3, "workload": "DaemonSet"}, False),
 ])
-@pytest.mark.parametrize("api_version", ["policy/v1", "policy/v1beta1"])
-def test_pdb(spec, wanted, api_version):
+def test_pdb(spec, wanted):
     plan = plan_spec(**spec)
-    pdbs = [o for o in builders.build_all(plan, pdb_api_version=api_version) if o["kind"] == "PodDisruptionBudget"]
+    pdbs = [o for o in builders.build_all(plan) if o["kind"] == "PodDisruptionBudget"]
     if not wanted:
         assert pdbs == []
         return
     [pdb] = pdbs
-    assert pdb["apiVersion"] == api_version
+    assert pdb["apiVersion"] == "policy/v1"
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == builders.selector_labels(plan.name)
-
-
-def test_pdb_api_version_from_render():
-    rc, out, _ = render(ROOT / "examples" / "llama-3b-autoscaled.yaml", "--pdb-api-version", "policy/v1beta1")
-    assert rc == 0
-    [pdb] = [o for o in yaml.safe_load_all(out) if o["kind"] == "PodDisruptionBudget"]
-    assert pdb["apiVersion"] == "policy/v1beta1"
 
 
 # --------------------------------------------------------------------------- metadata

@@ -29,7 +29,7 @@ import pytest
 
 from e2e.controlplane import ControlPlane, wait_for
 from e2e.convergence import (EXAMPLES, apply_server, delete_server, example, get_server, install_crd,
-                             pdb_api_version, server_doc, wait_converged)
+                             server_doc, wait_converged)
 from e2e.operator_process import OperatorProcess
 from vllm_operator import api, pipeline
 from vllm_operator.kube import Kube
@@ -170,7 +170,6 @@ def test_sigkill_at_random_moments_converges(control_plane, kube, namespace, tmp
     rng = random.Random(SEED)
     servers, operations, kills = (400, 1200, 30) if long_mode else (200, 250, 6)
     ops = script(rng, namespace, servers, operations)
-    pdb = pdb_api_version(kube)
     operator = OperatorProcess(control_plane.kubeconfig, tmp_path / "operator.log", resync_seconds=5,
                                extra_args=["--namespace", namespace])
     chaos = Chaos(operator, rng, kills)
@@ -182,7 +181,7 @@ def test_sigkill_at_random_moments_converges(control_plane, kube, namespace, tmp
         assert chaos.finished.wait(timeout=kills * 10), "the kill schedule did not finish"
         assert chaos.done == kills, f"only {chaos.done}/{kills} kills happened"
         assert operator.alive(), operator.log_tail()
-        seconds = wait_converged(kube, namespace, final_state(ops), pdb, timeout=240 if not long_mode else 900,
+        seconds = wait_converged(kube, namespace, final_state(ops), timeout=240 if not long_mode else 900,
                                  what=f"convergence after {kills} SIGKILLs")
     except BaseException:
         print(operator.log_tail(80))
@@ -217,7 +216,6 @@ def _outage_run(control_plane, kube, namespace, tmp_path, long_mode, stress_repo
     servers, operations = (120, 300) if long_mode else (40, 60)
     ops = script(rng, namespace, servers, operations)
     half = len(ops) // 2
-    pdb = pdb_api_version(kube)
     operator = OperatorProcess(control_plane.kubeconfig, tmp_path / "operator.log", resync_seconds=5,
                                extra_args=["--namespace", namespace]).start()
     pid = operator.proc.pid
@@ -233,7 +231,7 @@ def _outage_run(control_plane, kube, namespace, tmp_path, long_mode, stress_repo
         control_plane.start_apiserver()
         outage = time.monotonic() - down
         run_script(kube, namespace, ops[half:])
-        seconds = wait_converged(kube, namespace, final_state(ops), pdb, timeout=240,
+        seconds = wait_converged(kube, namespace, final_state(ops), timeout=240,
                                  what="convergence after the API-server outage")
         assert operator.alive() and operator.proc.pid == pid, "the operator had to be restarted"
     except BaseException:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from e2e.controlplane import wait_for
-from e2e.convergence import (apply_server, example, install_crd, pdb_api_version, server_doc, wait_converged)
+from e2e.convergence import (apply_server, example, install_crd, server_doc, wait_converged)
 from e2e.operator_process import ACTING, OperatorProcess
 from vllm_operator import peering
 from vllm_operator.kube import Kube
@@ -79,7 +79,6 @@ def test_default_priorities_favour_the_oldest_replica():
 def test_one_replica_acts_and_the_other_takes_over_after_sigkill(control_plane, kube, namespace, tmp_path,
                                                                  stress_report):
     name = f"ha-{secrets.token_hex(3)}"
-    pdb = pdb_api_version(kube)
 
     def replica(tag: str, priority: int) -> OperatorProcess:
         return OperatorProcess(control_plane.kubeconfig, tmp_path / f"operator-{tag}.log", resync_seconds=3,
@@ -94,7 +93,7 @@ def test_one_replica_acts_and_the_other_takes_over_after_sigkill(control_plane, 
         a.start()
         final["first"] = server_doc("first", namespace, bases[0])
         apply_server(kube, final["first"])
-        wait_converged(kube, namespace, final, pdb, timeout=90, what="A converges the first server")
+        wait_converged(kube, namespace, final, timeout=90, what="A converges the first server")
         b.start()
         # B starts paused (peering is mandatory) and stays so once it sees A's higher priority: its
         # keep-alive joins A's in the peering object, and it logs nothing it does.
@@ -106,7 +105,7 @@ def test_one_replica_acts_and_the_other_takes_over_after_sigkill(control_plane, 
             apply_server(kube, final[f"s{i}"])
         final["first"]["spec"]["model"]["servedName"] = "changed-while-b-is-paused"
         apply_server(kube, final["first"])
-        wait_converged(kube, namespace, final, pdb, timeout=90, what="A converges while B is paused")
+        wait_converged(kube, namespace, final, timeout=90, what="A converges while B is paused")
         status = kube.request("GET", peers_path)["status"]
         assert sorted(p["priority"] for p in status.values()) == [100, 200], status
         assert acting_lines(a.log_path), "A never acted"
@@ -126,7 +125,7 @@ def test_one_replica_acts_and_the_other_takes_over_after_sigkill(control_plane, 
         resumed = wait_for(lambda: first_line(b.log_path, "Resuming operations after the pause"), LIFETIME + 60,
                            "B resumes")
         takeover = stamp(resumed) - killed_at
-        converge = wait_converged(kube, namespace, final, pdb, timeout=120, what="B converges after the takeover")
+        converge = wait_converged(kube, namespace, final, timeout=120, what="B converges after the takeover")
         converged_after_kill = time.time() - killed_at
         assert acting_lines(b.log_path), "B never acted after taking over"
         assert all(stamp(line) >= stamp(resumed) for line in acting_lines(b.log_path)), "B acted before resuming"

@@ -23,7 +23,7 @@ from vllm_operator.reconcile import Result
      ("statefulsets/scale", "patch")),
     ("POST", "/api/v1/namespaces/ns/events", "application/json", ("events", "create")),
     ("DELETE", "/api/v1/namespaces/ns/services/x", "application/json", ("services", "delete")),
-    ("DELETE", "/apis/policy/v1beta1/namespaces/ns/poddisruptionbudgets/x", "", ("poddisruptionbudgets", "delete")),
+    ("DELETE", "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/x", "", ("poddisruptionbudgets", "delete")),
     ("POST", "/api/v1/namespaces", "application/json", ("namespaces", "create")),
     ("PUT", "/api/v1/namespaces/ns", "application/json", ("namespaces", "update")),
     ("GET", "/api/v1/namespaces/ns/pods", "", None),

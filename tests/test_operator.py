@@ -73,14 +73,10 @@ def cond(server: dict, type_: str) -> dict:
     return next((c for c in (server.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
-def expected_objects(doc: dict, owner: dict, pdb_api_version: str) -> list[dict]:
+def expected_objects(doc: dict, owner: dict) -> list[dict]:
     server = VLLMServer.model_validate(doc)
     plan = pipeline.plan_server(server.metadata.name, server.metadata.namespace, server.spec)
-    return builders.build_all(plan, owner, pdb_api_version=pdb_api_version)
-
-
-def pdb_version(kube: Kube) -> str:
-    return "policy/v1" if kube.serves("policy/v1") else "policy/v1beta1"
+    return builders.build_all(plan, owner)
 
 
 def wait_status(kube, ns, name, probe, what, timeout=60):
@@ -98,7 +94,7 @@ def test_create_applies_exactly_the_builders_objects(control_plane, operator, ku
     apply_server(control_plane, doc)
     server = wait_status(kube, namespace, "llama", lambda s: cond(s, "SpecValid").get("status") == "True",
                          "SpecValid=True")
-    for want in expected_objects(doc, server, pdb_version(kube)):
+    for want in expected_objects(doc, server):
         live = wait_for(lambda: kube.get(want["apiVersion"], want["kind"], namespace, want["metadata"]["name"]),
                         30, f"{want['kind']}/{want['metadata']['name']}")
         assert is_subset(want, live), f"{want['kind']} differs from the builder's output"
@@ -157,11 +153,11 @@ def test_daemonset_mode_and_switching_workload_prunes(control_plane, operator, k
 
 def test_delete_garbage_collects_children(control_plane, operator, kube, namespace):
     apply_server(control_plane, example("gone", namespace, replicas=2))
-    wait_for(lambda: kube.get("policy/v1beta1" if pdb_version(kube) == "policy/v1beta1" else "policy/v1",
+    wait_for(lambda: kube.get("policy/v1",
                               "PodDisruptionBudget", namespace, "gone"), 30, "PDB")
     control_plane.kubectl("delete", "vllms", "gone", "-n", namespace, "--wait=true", "--timeout=60s")
     for api_version, kind, name in (("apps/v1", "StatefulSet", "gone"), ("v1", "Service", "gone"),
-                                    ("v1", "Service", "gone-headless"), (pdb_version(kube), "PodDisruptionBudget", "gone")):
+                                    ("v1", "Service", "gone-headless"), ("policy/v1", "PodDisruptionBudget", "gone")):
         wait_for(lambda: kube.get(api_version, kind, namespace, name) is None, 60, f"{kind}/{name} collected")
 
 
@@ -273,7 +269,7 @@ def test_operator_restart_converges_without_duplicates(control_plane, operator, 
         apply_server(control_plane, doc)
     finally:
         operator.start()
-    wait_for(lambda: kube.get("policy/v1beta1" if pdb_version(kube) == "policy/v1beta1" else "policy/v1",
+    wait_for(lambda: kube.get("policy/v1",
                               "PodDisruptionBudget", namespace, "b"), 60, "b converged after restart")
     wait_for(lambda: "renamed" in kube.get("apps/v1", "StatefulSet", namespace, "a")["spec"]["template"]["spec"]
              ["containers"][0]["args"], 60, "a's change applied after restart")

@@ -150,7 +150,7 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     objects = []
     for p in plans:
         if p.fits:
-            objects += builders.build_all(p, pdb_api_version=args.pdb_api_version)
+            objects += builders.build_all(p)
         else:
             for problem in p.problems:
                 err.write(f"{args.file}: {p.name}: {problem}\n")
@@ -166,7 +166,11 @@ def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from . import operator_main  # kopf is imported only for `run`
 
-    return operator_main.run(args)
+    try:
+        return operator_main.run(args)
+    except operator_main.UnsupportedKubernetes as e:
+        err.write(f"vllm-operator: {e}\n")
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,8 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("render", help="print every Kubernetes object the operator would apply, as YAML")
     r.add_argument("file", help="YAML file with one or more VLLMServer documents ('-' for stdin)")
     r.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
-    r.add_argument("--pdb-api-version", default="policy/v1", choices=["policy/v1", "policy/v1beta1"],
-                   help="PodDisruptionBudget API (policy/v1beta1 for clusters older than 1.21)")
     r.set_defaults(func=cmd_render)
 
     c = sub.add_parser("crd", help="print the VLLMServer CustomResourceDefinition")

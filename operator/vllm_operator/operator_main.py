@@ -59,28 +59,42 @@ def api_client() -> k8s.ApiClient:
     return k8s.ApiClient()
 
 
-def _serves(kube: Kube, group_version: str, patience: float = 300.0) -> bool:
-    """Discovery at start, waiting out an API server that is not answering yet (it may be restarting)."""
+class UnsupportedKubernetes(RuntimeError):
+    """The API server is older than api.MIN_KUBERNETES_VERSION."""
+
+
+def server_version(kube: Kube, patience: float = 300.0) -> tuple[int, int]:
+    """The API server's (major, minor), waiting out one that is not answering yet (it may be restarting)."""
     deadline, delay = time.monotonic() + patience, 1.0
     while True:
         try:
-            return kube.serves(group_version)
+            return api.parse_kube_version(kube.request("GET", "/version"))
         except (urllib3.exceptions.HTTPError, OSError, ApiError) as e:
             if isinstance(e, ApiError) and e.status < 500 or time.monotonic() > deadline:
                 raise
-            log.warning("API discovery of %s failed (%s); retrying in %.0f s", group_version, e, delay)
+            log.warning("reading the API server's version failed (%s); retrying in %.0f s", e, delay)
             time.sleep(delay)
             delay = min(delay * 2, 15.0)
 
 
+def check_server_version(kube: Kube) -> tuple[int, int]:
+    """Refuse to run on a Kubernetes older than the declared minimum: its API server would reject the CRD's CEL
+    rules or the objects the operator applies in ways that read as our bugs."""
+    version = server_version(kube)
+    if version < api.MIN_KUBERNETES_VERSION:
+        want = ".".join(map(str, api.MIN_KUBERNETES_VERSION))
+        raise UnsupportedKubernetes(
+            f"the API server runs Kubernetes {version[0]}.{version[1]}; vllm-operator needs {want} or newer "
+            f"(policy/v1, autoscaling/v2, CRD validation rules and ValidatingAdmissionPolicy): upgrade the cluster "
+            "or use an older vllm-operator")
+    return version
+
+
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
     kube = Kube(client or api_client())
-    pdb = "policy/v1" if _serves(kube, "policy/v1") else "policy/v1beta1"  # policy/v1 arrived in Kubernetes 1.21
-    # autoscaling/v2 arrived in 1.23; v2beta2 (same fields for what we emit) serves older clusters.
-    hpa = "autoscaling/v2" if _serves(kube, "autoscaling/v2") else "autoscaling/v2beta2"
+    check_server_version(kube)
     return Reconciler(kube, hf_endpoint=getattr(args, "hf_endpoint", None),
-                      prometheus_url=getattr(args, "prometheus_url", None), pdb_api_version=pdb,
-                      hpa_api_version=hpa)
+                      prometheus_url=getattr(args, "prometheus_url", None))
 
 
 def reconcile_result(result: Any) -> str:
