@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_operator import api, builders, cli, pipeline
+from vllm_operator import api, builders, cli, pipeline, planner
 from vllm_operator.planner import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,8 +256,35 @@ def test_pod_hardening(example):
         assert not sc.get("privileged", False)
         assert sc.get("allowPrivilegeEscalation") is False
     assert "hostNetwork" not in pod or plan.spec.workload == "DaemonSet"
-    assert pod["terminationGracePeriodSeconds"] > builders.PRESTOP_SECONDS
+    assert pod["terminationGracePeriodSeconds"] > plan.prestop_seconds + plan.drain_seconds
     assert c["resources"]["requests"]["memory"]
+
+
+def test_termination_lets_in_flight_requests_finish(example):
+    """preStop sleep (leave the endpoints), then SIGTERM and vLLM's drain (--shutdown-timeout), then its
+    teardown: the grace period covers all three, so the kubelet never SIGKILLs a drain."""
+    plan, objects = example
+    pod, c = pod_spec(objects), container(objects)
+    [sleep] = [int(arg) for arg in c["lifecycle"]["preStop"]["exec"]["command"][1:]]
+    drain = int(c["args"][c["args"].index("--shutdown-timeout") + 1])
+    assert sleep == plan.prestop_seconds > 0 and drain == plan.drain_seconds >= 30
+    assert pod["terminationGracePeriodSeconds"] == sleep + drain + planner.ASSUMPTIONS["shutdown_margin_seconds"][0]
+
+
+@pytest.mark.parametrize(("engine", "profile", "drain", "grace"), [
+    ({}, {}, 30, 50),  # an assumed p95 of 512 tokens at 20 tokens/s is 26 s: the 30 s floor
+    ({}, {"p95OutputTokens": 2000}, 100, 120),
+    ({}, {"p95OutputTokens": 7000}, 350, 370),
+    ({}, {"p95OutputTokens": 20_000, "maxContextTokens": 32768}, 600, 620),  # the ceiling: a rollout never waits longer per pod
+    ({"shutdownTimeoutSeconds": 0}, {"p95OutputTokens": 2000}, 0, 20),  # pinned: abort at once, as vLLM's default
+    ({"shutdownTimeoutSeconds": 900}, {}, 900, 920),
+])
+def test_grace_period_follows_the_shutdown_timeout(engine, profile, drain, grace):
+    plan = plan_spec(engine=engine, workloadProfile={"maxContextTokens": 8192, **profile})
+    pod = builders.pod_template(plan)["spec"]
+    assert plan.args[plan.args.index("--shutdown-timeout") + 1] == str(drain)
+    assert pod["terminationGracePeriodSeconds"] == grace
+    assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
 
 
 # --------------------------------------------------------------------------- services, PDB

@@ -454,6 +454,31 @@ def test_valid_extra_args_are_passed_through(extra):
     assert plan.args[-len(extra):] == extra
 
 
+# --------------------------------------------------------------------------- shutdown
+@pytest.mark.parametrize(("engine", "profile", "seconds", "why"), [
+    ({}, {}, 30, "an assumed p95 output 512 tokens at 20 tokens/s = 26 s"),
+    ({}, {"p95OutputTokens": 1000}, 50, "workloadProfile.p95OutputTokens 1000 tokens at 20 tokens/s = 50 s"),
+    ({"shutdownTimeoutSeconds": 45}, {"p95OutputTokens": 1000}, 45, "pinned by engine.shutdownTimeoutSeconds"),
+    ({"shutdownTimeoutSeconds": 0}, {}, 0, "aborts every in-flight request"),
+])
+def test_shutdown_timeout_lets_a_p95_request_finish(engine, profile, seconds, why):
+    plan = plan_for(LLAMA_8B, engine=engine, workloadProfile={"maxContextTokens": 8192, **profile})
+    assert plan.fits, plan.problems
+    assert arg_value(plan.args, "--shutdown-timeout") == str(seconds) == str(plan.drain_seconds)
+    [decision] = [d for d in plan.decisions if d.flag == "--shutdown-timeout"]
+    assert why in decision.why and decision.pinned is ("shutdownTimeoutSeconds" in engine)
+    assert plan.termination_grace_seconds == plan.prestop_seconds + seconds + 10
+    [note] = [n for n in plan.notes if n.startswith("terminationGracePeriodSeconds")]
+    assert f"--shutdown-timeout {seconds} s" in note and f"preStop sleep {plan.prestop_seconds} s" in note
+
+
+def test_shutdown_timeout_is_not_an_extra_arg():
+    plan = plan_for(LLAMA_8B, engine={"extraArgs": ["--shutdown-timeout", "60"]},
+                    workloadProfile={"maxContextTokens": 8192})
+    [problem] = plan.problems
+    assert problem.field == "spec.engine.extraArgs[0]" and "spec.engine.shutdownTimeoutSeconds" in problem.message
+
+
 # --------------------------------------------------------------------------- shared memory
 def test_tensor_parallel_with_tiny_shm_is_refused():
     plan = plan_for(LLAMA_8B, gpu={"count": 2, "product": "NVIDIA-L4"}, ipc="SharedMemory", shmSize="64Mi")
@@ -538,6 +563,7 @@ def random_specs(draw) -> dict:
         "kvCacheDtype": draw(_optional(st.sampled_from(["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]), 3)),
         "enablePrefixCaching": draw(_optional(st.booleans(), 3)),
         "enforceEager": draw(_optional(st.booleans(), 3)),
+        "shutdownTimeoutSeconds": draw(_optional(st.integers(0, 3600), pin)),
         "extraArgs": draw(st.sampled_from(EXTRA_ARGS if wild else GOOD_EXTRA_ARGS)),
     })
     workload = draw(st.sampled_from(["StatefulSet", "DaemonSet"]))

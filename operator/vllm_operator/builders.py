@@ -16,7 +16,6 @@ PORT = 8000
 PORT_NAME = "http"
 CACHE_MOUNT = "/cache"
 HF_HOME = f"{CACHE_MOUNT}/huggingface"
-PRESTOP_SECONDS = 10
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 MANAGED_BY = "vllm-operator"
@@ -143,8 +142,8 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "startupProbe": _probe("/health", 10, 5, max(1, math.ceil(plan.startup_seconds / 10))),
         "readinessProbe": _probe("/health", 5, 5, 3),
         "livenessProbe": _probe("/health", 20, 10, 6),
-        # Let the endpoint leave the Services before vLLM stops taking requests.
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}},
+        # Let the endpoint leave the Services before vLLM stops taking requests (SIGTERM after the sleep).
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(plan.prestop_seconds)]}}},
         "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
                             "capabilities": {"drop": ["ALL"]}},
     }
@@ -161,7 +160,8 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
         "tolerations": tolerations,
-        "terminationGracePeriodSeconds": PRESTOP_SECONDS + plan.drain_seconds,
+        # preStop sleep + --shutdown-timeout + vLLM's teardown (planner.plan_shutdown): no SIGKILL mid-drain.
+        "terminationGracePeriodSeconds": plan.termination_grace_seconds,
         # vLLM reads VLLM_* variables; a Service named "vllm" would inject VLLM_PORT=tcp://... and break it.
         "enableServiceLinks": False,
         # vLLM never talks to the Kubernetes API.

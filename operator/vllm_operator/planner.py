@@ -66,7 +66,23 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
     "load_bandwidth": (200e6, "conservative bytes/s to download or read weights at start"),
     "engine_init_seconds": (240, "engine start after weights: profiling, torch.compile, CUDA graphs"),
     "startup_floor_seconds": (600, "never give a model less than this to start"),
-    "drain_tokens_per_second": (20, "decode speed assumed when sizing the termination grace period"),
+    "drain_tokens_per_second": (
+        20,
+        "decode speed of one request assumed when sizing --shutdown-timeout: a slow stream (a loaded GPU, a long "
+        "context), so a p95 answer started just before SIGTERM still finishes",
+    ),
+    "drain_floor_seconds": (30, "never give in-flight requests less than this after SIGTERM (derived)"),
+    "drain_ceiling_seconds": (600, "never hold a stopping pod (and a rollout) longer than this (derived)"),
+    "prestop_seconds": (
+        10,
+        "the preStop sleep: the endpoints controller, kube-proxy and ingress controllers drop a terminating pod "
+        "from the Services within a few seconds; vLLM keeps serving meanwhile and gets SIGTERM only after it",
+    ),
+    "shutdown_margin_seconds": (
+        10,
+        "after the drain vLLM stops its engine processes and frees GPU memory; the grace period leaves this long "
+        "for it before the kubelet's SIGKILL",
+    ),
 }
 
 
@@ -108,6 +124,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--dtype": "spec.model.dtype",
     "--revision": "spec.model.revision",
     "--download-dir": "spec.cache (HF_HOME)",
+    "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
 }
 
 #: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
@@ -211,6 +228,11 @@ class Plan:
     cpu_request: int = 0
     startup_seconds: int = 0
     drain_seconds: int = 0
+    """--shutdown-timeout: how long in-flight requests may finish after SIGTERM."""
+    prestop_seconds: int = 0
+    """The preStop sleep before SIGTERM, while the pod leaves the Services' endpoints."""
+    termination_grace_seconds: int = 0
+    """terminationGracePeriodSeconds: preStop sleep + shutdown timeout + teardown margin."""
     prometheus_url: Optional[str] = None
     """The Prometheus the autoscaler (source: Prometheus) or a KEDA ScaledObject queries."""
     port: int = DEFAULT_PORT
@@ -750,11 +772,42 @@ def plan(
     p.cpu_request = max(4, 2 * tp + 2)
     p.startup_seconds = int(max(_a("startup_floor_seconds"),
                                 p.weight_bytes_total / _a("load_bandwidth") + _a("engine_init_seconds")))
-    p.drain_seconds = int(min(600, max(30, (prof.p95_output_tokens or 512) / _a("drain_tokens_per_second"))))
+    plan_shutdown(p)
     if spec.image != api.DEFAULT_IMAGE:
         p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
     p.args = engine_args(p)
     return p
+
+
+def plan_shutdown(p: Plan) -> None:
+    """--shutdown-timeout and the pod's termination timeline: the preStop sleep (the pod leaves the Services'
+    endpoints while vLLM still serves), then SIGTERM and the drain (vLLM takes no new request and lets the
+    in-flight ones finish, up to the timeout), then vLLM's teardown; terminationGracePeriodSeconds covers all
+    three, so the kubelet's SIGKILL never cuts a drain short."""
+    e, prof = p.spec.engine, p.spec.workload_profile
+    speed = _a("drain_tokens_per_second")
+    if e.shutdown_timeout_seconds is not None:
+        p.drain_seconds, why = e.shutdown_timeout_seconds, "pinned by engine.shutdownTimeoutSeconds"
+        if e.shutdown_timeout_seconds == 0:
+            why += ": vLLM aborts every in-flight request on SIGTERM"
+    else:
+        tokens = prof.p95_output_tokens or 512
+        source = "workloadProfile.p95OutputTokens" if prof.p95_output_tokens else "an assumed p95 output"
+        needed = math.ceil(tokens / speed)
+        floor, ceiling = int(_a("drain_floor_seconds")), int(_a("drain_ceiling_seconds"))
+        p.drain_seconds = min(ceiling, max(floor, needed))
+        clipped = (f", raised to the {floor} s floor" if needed < floor else
+                   f", cut to the {ceiling} s ceiling" if needed > ceiling else "")
+        why = (f"{source} {tokens} tokens at {speed:g} tokens/s = {needed} s{clipped}: a request started just "
+               "before SIGTERM finishes instead of being aborted")
+    p.decisions.append(Decision("--shutdown-timeout", str(p.drain_seconds), why,
+                                pinned=e.shutdown_timeout_seconds is not None))
+    p.prestop_seconds = int(_a("prestop_seconds"))
+    margin = int(_a("shutdown_margin_seconds"))
+    p.termination_grace_seconds = p.prestop_seconds + p.drain_seconds + margin
+    p.notes.append(f"terminationGracePeriodSeconds {p.termination_grace_seconds} = preStop sleep {p.prestop_seconds} s "
+                   f"(the pod leaves the Services' endpoints while vLLM still serves) + --shutdown-timeout "
+                   f"{p.drain_seconds} s (in-flight requests finish) + {margin} s for vLLM's teardown")
 
 
 def unsafe_overrides(p: Plan) -> None:
