@@ -394,6 +394,20 @@ def test_credentials_in_env_are_refused(env, field):
     assert not plan.fits
 
 
+@pytest.mark.parametrize("env", [
+    {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+    {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"secretKeyRef": {"name": "gpus", "key": "list"}}},
+])
+def test_device_plugin_env_is_refused(env):
+    plan = plan_for(LLAMA_8B, engine={"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}, env]},
+                    workloadProfile={"maxContextTokens": 8192})
+    [problem] = plan.problems
+    assert problem.field == "spec.engine.env[1]"
+    assert problem.message.startswith(f"{env['name']} may not be set: the NVIDIA device plugin")
+    assert "spec.gpu" in problem.message
+
+
 def test_harmless_env_is_accepted():
     plan = plan_for(LLAMA_8B, engine={"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]},
                     workloadProfile={"maxContextTokens": 8192})

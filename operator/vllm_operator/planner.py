@@ -159,6 +159,16 @@ DEFAULT_PORT = 8000
 _CREDENTIAL_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 #: Environment the operator sets; engine.env may not override it.
 OWNED_ENV = {"HF_HOME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
+#: Environment the GPU device plugin owns: it names the GPUs allocated to the container (gpu.count of them);
+#: engine.env may not set it.
+DEVICE_PLUGIN_ENV: dict[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "the NVIDIA device plugin exposes exactly the spec.gpu.count GPUs allocated to the "
+                            "container; renumbering or hiding them here makes vLLM start on fewer GPUs than it "
+                            "shards over, or on none",
+    "NVIDIA_VISIBLE_DEVICES": "the NVIDIA device plugin sets it to the GPUs allocated to the container; the NVIDIA "
+                              "container runtime mounts whatever it names, so a value such as 'all' would hand the "
+                              "server every GPU of the node, including those allocated to other pods",
+}
 MAX_NAME_LENGTH = 52  # StatefulSet pods carry controller-revision-hash=<name>-<10 chars>, a 63-char label
 
 
@@ -423,6 +433,9 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         where = f"spec.engine.env[{i}]"
         if env.name in OWNED_ENV:
             add(where, f"{env.name} is set by the operator; use hfTokenSecretRef for tokens and cache for HF_HOME")
+        elif env.name in DEVICE_PLUGIN_ENV:
+            add(where, f"{env.name} may not be set: {DEVICE_PLUGIN_ENV[env.name]}. Choose the GPUs with spec.gpu "
+                "(count, product)")
         elif env.value_from is not None and env.value:
             add(where, f"{env.name}: set value or valueFrom, not both")
         elif _CREDENTIAL_VALUE.search(env.value) or (_CREDENTIAL_NAME.search(env.name) and env.value):
