@@ -493,6 +493,47 @@ def test_shutdown_timeout_is_not_an_extra_arg():
     assert problem.field == "spec.engine.extraArgs[0]" and "spec.engine.shutdownTimeoutSeconds" in problem.message
 
 
+# --------------------------------------------------------------------------- queue cap
+AUTOSCALED = {"enabled": True, "maxReplicas": 4}
+QUEUE_PROFILE = {"maxContextTokens": 8192, "targetConcurrency": 8}  # max-num-seqs 10 (8 x 1.25, balanced)
+
+
+@pytest.mark.parametrize(("cap", "autoscaling", "refused"), [
+    (13, AUTOSCALED, False),  # 10 running + 3 waiting: 3 / 2 = 1.5 > 1.1, the autoscaler can scale up
+    (12, AUTOSCALED, True),  # 2 waiting at most: 2 / 2 = 1.0, within the tolerance for ever
+    (8, AUTOSCALED, True),  # not even the batch fills
+    (21, {**AUTOSCALED, "targetWaitingPerReplica": 10}, True),  # 11 waiting: exactly 1.1, within the tolerance
+    (22, {**AUTOSCALED, "targetWaitingPerReplica": 10}, False),
+    (23, {**AUTOSCALED, "targetWaitingPerReplica": 10, "mode": "HPA"}, False),
+    (11, {**AUTOSCALED, "targetWaitingPerReplica": 0.5}, False),  # 1 waiting: 1 / 0.5 = 2
+    (5, {}, False),  # no autoscaler: a coarse valve, with a warning that the batch never fills
+])
+def test_queue_cap_leaves_the_autoscaler_its_target(cap, autoscaling, refused):
+    plan = plan_for(LLAMA_8B, engine={"maxNumQueuedReqs": cap}, autoscaling=autoscaling,
+                    workloadProfile=QUEUE_PROFILE)
+    assert plan.max_num_seqs == 10
+    msgs = messages(plan, "spec.engine.maxNumQueuedReqs")
+    assert bool(msgs) is refused, plan.problems
+    if refused:
+        target = autoscaling["targetWaitingPerReplica"] if "targetWaitingPerReplica" in autoscaling else 2
+        need = planner.min_queue_cap(10, target)
+        assert f"Use at least {need}" in msgs[0] and "503" in msgs[0]
+        assert not messages(plan_for(LLAMA_8B, engine={"maxNumQueuedReqs": need}, autoscaling=autoscaling,
+                                     workloadProfile=QUEUE_PROFILE), "spec.engine.maxNumQueuedReqs")
+    else:
+        assert plan.fits, plan.problems
+        assert arg_value(plan.args, "--max-num-queued-reqs") == str(cap)
+        assert any(n.startswith("warning: engine.maxNumQueuedReqs") for n in plan.notes) is (cap < 10)
+
+
+def test_queue_cap_is_not_emitted_unless_set_and_not_an_extra_arg():
+    assert "--max-num-queued-reqs" not in plan_for(LLAMA_8B, workloadProfile={"maxContextTokens": 8192}).args
+    plan = plan_for(LLAMA_8B, engine={"extraArgs": ["--max-num-queued-reqs=64"]},
+                    workloadProfile={"maxContextTokens": 8192})
+    [problem] = plan.problems
+    assert problem.field == "spec.engine.extraArgs[0]" and "spec.engine.maxNumQueuedReqs" in problem.message
+
+
 # --------------------------------------------------------------------------- shared memory
 def test_tensor_parallel_with_tiny_shm_is_refused():
     plan = plan_for(LLAMA_8B, gpu={"count": 2, "product": "NVIDIA-L4"}, ipc="SharedMemory", shmSize="64Mi")
@@ -578,6 +619,7 @@ def random_specs(draw) -> dict:
         "enablePrefixCaching": draw(_optional(st.booleans(), 3)),
         "enforceEager": draw(_optional(st.booleans(), 3)),
         "shutdownTimeoutSeconds": draw(_optional(st.integers(0, 3600), pin)),
+        "maxNumQueuedReqs": draw(_optional(st.integers(1, 2000), pin)),
         "extraArgs": draw(st.sampled_from(EXTRA_ARGS if wild else GOOD_EXTRA_ARGS)),
     })
     workload = draw(st.sampled_from(["StatefulSet", "DaemonSet"]))

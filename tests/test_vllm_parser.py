@@ -76,7 +76,7 @@ VARIANTS = [
     {"engine": {"kvCacheDtype": "fp8_e5m2", "enablePrefixCaching": False}},
     {"engine": {"enforceEager": True, "enablePrefixCaching": True}},
     {"engine": {"shutdownTimeoutSeconds": 0}},
-    {"engine": {"shutdownTimeoutSeconds": 3600}},
+    {"engine": {"shutdownTimeoutSeconds": 3600, "maxNumQueuedReqs": 512}},
     {"engine": {"gpuMemoryUtilization": 0.8551, "maxModelLen": 4096, "maxNumSeqs": 64, "maxNumBatchedTokens": 4096}},
     {"engine": {"extraArgs": ["--seed", "1", "--max-logprobs=5", "--disable-log-stats"]}},
     {"engine": {"extraArgs": ["--seed", "-1", "--scheduling-policy", "priority", "--uvicorn-log-level=warning"]}},

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from . import api, vllm_flags
 from .api import VLLMServerSpec, parse_quantity
+from .autoscaler.policy import TOLERANCE
 from .catalog import GPUInfo, ResolvedModel
 
 GiB = 2**30
@@ -125,6 +126,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--revision": "spec.model.revision",
     "--download-dir": "spec.cache (HF_HOME)",
     "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
+    "--max-num-queued-reqs": "spec.engine.maxNumQueuedReqs (checked against the autoscaler's target)",
 }
 
 #: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
@@ -757,6 +759,7 @@ def plan(
     p.decisions.append(Decision("--max-num-seqs", str(seqs), seqs_why, pinned=e.max_num_seqs is not None))
     p.decisions.append(Decision("--max-num-batched-tokens", str(batched), batched_why,
                                 pinned=e.max_num_batched_tokens is not None))
+    check_queue_cap(p)
     if kv_dtype != "auto":
         p.decisions.append(Decision("--kv-cache-dtype", kv_dtype, f"pinned: {p.kv_bytes_per_token} bytes/token per GPU",
                                     pinned=True))
@@ -790,6 +793,38 @@ def plan(
         p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
     p.args = engine_args(p)
     return p
+
+
+def min_queue_cap(max_num_seqs: int, target_waiting: float) -> int:
+    """The smallest --max-num-queued-reqs with which the autoscaler can still scale up. vLLM counts running
+    and waiting requests against the cap (SchedulerConfig.max_num_queued_reqs), so with max_num_seqs running
+    at most cap - max_num_seqs wait; the autoscaler (and an HPA, with the same default tolerance) scales up
+    only when more than target x (1 + tolerance) wait per replica."""
+    return max_num_seqs + math.floor(target_waiting * (1 + TOLERANCE) + 1e-9) + 1
+
+
+def check_queue_cap(p: Plan) -> None:
+    """engine.maxNumQueuedReqs: emitted as pinned; refused when an autoscaler would never see its target."""
+    e, a = p.spec.engine, p.spec.autoscaling
+    cap = e.max_num_queued_reqs
+    if cap is None:
+        return
+    seqs = p.max_num_seqs
+    p.decisions.append(Decision("--max-num-queued-reqs", str(cap), f"pinned by engine.maxNumQueuedReqs: past {cap} "
+                                "requests (running and waiting) vLLM answers 503 and clients retry elsewhere",
+                                pinned=True))
+    if a.enabled:
+        need = min_queue_cap(seqs, a.target_waiting_per_replica)
+        if cap < need:
+            p.problem("spec.engine.maxNumQueuedReqs",
+                      f"{cap} requests per server, {seqs} of them running (max-num-seqs), leave room for at most "
+                      f"{max(cap - seqs, 0)} waiting; the autoscaler scales up only when more than "
+                      f"{a.target_waiting_per_replica * (1 + TOLERANCE):g} wait per replica (targetWaitingPerReplica "
+                      f"{a.target_waiting_per_replica:g} and its {TOLERANCE:.0%} tolerance), so it would never scale "
+                      f"up and vLLM would answer 503 instead. Use at least {need}, or lower targetWaitingPerReplica")
+    elif cap < seqs:
+        p.notes.append(f"warning: engine.maxNumQueuedReqs {cap} is below --max-num-seqs {seqs}: vLLM never runs more "
+                       f"than {cap} requests at once")
 
 
 def plan_shutdown(p: Plan) -> None:
