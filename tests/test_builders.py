@@ -296,6 +296,20 @@ def test_client_service(example):
     assert svc["spec"].get("clusterIP") != "None"
 
 
+@pytest.mark.parametrize(("workload", "supported", "policy"), [
+    ("DaemonSet", True, "Local"),  # a client reaches the server on its own node
+    ("DaemonSet", False, None),  # Kubernetes before 1.22: server-side apply would refuse the field
+    ("StatefulSet", True, None),  # replicas anywhere: the cluster-wide default
+])
+def test_daemonset_service_keeps_traffic_on_the_node(workload, supported, policy):
+    plan = plan_spec(workload=workload)
+    [svc] = [o for o in builders.build_all(plan, internal_traffic_policy=supported)
+             if o["kind"] == "Service" and o["metadata"]["name"] == plan.name]
+    assert svc["spec"].get("internalTrafficPolicy") == policy
+    assert [o for o in builders.build_all(plan) if o["kind"] == "Service"][0]["spec"].get("internalTrafficPolicy") == (
+        "Local" if workload == "DaemonSet" else None)
+
+
 @pytest.mark.parametrize(("spec", "wanted"), [
     ({"replicas": 1}, False),
     ({"replicas": 2}, True),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vllm_operator.kube import minor_version
 from vllm_operator.reconcile import (HASH_ANNOTATION, is_subset, pod_trouble, set_condition, up_to_date,
                                      with_hash, workload_progress)
 
@@ -56,3 +57,9 @@ def test_workload_progress():
     p = workload_progress(ds)
     assert (p["desired"], p["ready"], p["settled"]) == (3, 2, False)
     assert workload_progress(None)["desired"] == 0
+
+
+def test_minor_version_reads_what_distributions_write():
+    assert minor_version({"major": "1", "minor": "20", "gitVersion": "v1.20.15"}) == 20
+    assert minor_version({"major": "1", "minor": "22+", "gitVersion": "v1.22.17-eks-0a21954"}) == 22
+    assert minor_version({}) == 0 and minor_version({"minor": ""}) == 0

@@ -232,18 +232,21 @@ def build_daemonset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- services, PDB
-def build_service(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
-    """The client Service: the OpenAI-compatible API on port 8000, named http."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(plan, plan.name, owner),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(plan.name),
-            "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
-        },
+def build_service(plan: Plan, owner: Optional[dict] = None, *, internal_traffic_policy: bool = True) -> dict[str, Any]:
+    """The client Service: the OpenAI-compatible API on port 8000, named http.
+
+    A DaemonSet's gets internalTrafficPolicy: Local: a client pod reaches the server on its own node, never
+    another node's. A client on a node without a server pod gets no endpoint at all (kube-proxy drops the
+    connection). `internal_traffic_policy` False leaves the field out for API servers before 1.22, which do
+    not know it (server-side apply refuses a field it has no schema for)."""
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector_labels(plan.name),
+        "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
     }
+    if plan.spec.workload == "DaemonSet" and internal_traffic_policy:
+        spec["internalTrafficPolicy"] = "Local"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(plan, plan.name, owner), "spec": spec}
 
 
 def build_headless_service(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
@@ -359,12 +362,13 @@ def build_scaled_object(plan: Plan, owner: Optional[dict] = None) -> dict[str, A
 
 
 def build_all(plan: Plan, owner: Optional[dict] = None, *, pdb_api_version: str = "policy/v1",
-              hpa_api_version: str = "autoscaling/v2") -> list[dict[str, Any]]:
-    """Every object one VLLMServer wants, in apply order. The plan must fit."""
+              hpa_api_version: str = "autoscaling/v2", internal_traffic_policy: bool = True) -> list[dict[str, Any]]:
+    """Every object one VLLMServer wants, in apply order. The plan must fit. `internal_traffic_policy`: the
+    cluster knows Service.spec.internalTrafficPolicy (Kubernetes 1.22 and later)."""
     if not plan.fits:
         raise ValueError("cannot build objects for a plan with problems: " + "; ".join(map(str, plan.problems)))
     spec = plan.spec
-    objects: list[dict[str, Any]] = [build_service(plan, owner)]
+    objects: list[dict[str, Any]] = [build_service(plan, owner, internal_traffic_policy=internal_traffic_policy)]
     if spec.workload == "StatefulSet":
         objects.append(build_headless_service(plan, owner))
         objects.append(build_statefulset(plan, owner))

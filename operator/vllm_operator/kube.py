@@ -83,6 +83,13 @@ def yaml_json(obj: Any) -> str:
     return _SURROGATE_PAIR.sub(astral, json.dumps(obj))
 
 
+def minor_version(info: dict[str, Any]) -> int:
+    """The minor version in the API server's /version answer: "20", or "22+" as EKS and GKE write it; 0 when
+    there is none to read."""
+    m = re.match(r"\d+", str(info.get("minor") or ""))
+    return int(m.group()) if m else 0
+
+
 @dataclass
 class Kube:
     """Raw REST calls through one ApiClient."""

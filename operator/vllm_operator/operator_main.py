@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import kopf
 import urllib3
@@ -22,7 +22,7 @@ from kubernetes import config as k8s_config
 
 from . import api, apisession, builders, cache, kopftoggles, metrics, peering, persistence
 from .autoscaler import actuator
-from .kube import PLURALS, ApiError, Kube, path_for
+from .kube import PLURALS, ApiError, Kube, minor_version, path_for
 from .reconcile import Reconciler
 
 log = logging.getLogger("vllm_operator")
@@ -59,18 +59,22 @@ def api_client() -> k8s.ApiClient:
     return k8s.ApiClient()
 
 
-def _serves(kube: Kube, group_version: str, patience: float = 300.0) -> bool:
+def _discover(what: str, ask: Callable[[], Any], patience: float = 300.0) -> Any:
     """Discovery at start, waiting out an API server that is not answering yet (it may be restarting)."""
     deadline, delay = time.monotonic() + patience, 1.0
     while True:
         try:
-            return kube.serves(group_version)
+            return ask()
         except (urllib3.exceptions.HTTPError, OSError, ApiError) as e:
             if isinstance(e, ApiError) and e.status < 500 or time.monotonic() > deadline:
                 raise
-            log.warning("API discovery of %s failed (%s); retrying in %.0f s", group_version, e, delay)
+            log.warning("API discovery of %s failed (%s); retrying in %.0f s", what, e, delay)
             time.sleep(delay)
             delay = min(delay * 2, 15.0)
+
+
+def _serves(kube: Kube, group_version: str, patience: float = 300.0) -> bool:
+    return _discover(group_version, lambda: kube.serves(group_version), patience)
 
 
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
@@ -78,9 +82,12 @@ def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = 
     pdb = "policy/v1" if _serves(kube, "policy/v1") else "policy/v1beta1"  # policy/v1 arrived in Kubernetes 1.21
     # autoscaling/v2 arrived in 1.23; v2beta2 (same fields for what we emit) serves older clusters.
     hpa = "autoscaling/v2" if _serves(kube, "autoscaling/v2") else "autoscaling/v2beta2"
+    # Service.spec.internalTrafficPolicy: on by default from 1.22 (1.21 drops it unless a feature gate is on,
+    # and every reconcile would then apply it again); older servers refuse it in a server-side apply.
+    minor = minor_version(_discover("/version", lambda: kube.request("GET", "/version")))
     return Reconciler(kube, hf_endpoint=getattr(args, "hf_endpoint", None),
                       prometheus_url=getattr(args, "prometheus_url", None), pdb_api_version=pdb,
-                      hpa_api_version=hpa)
+                      hpa_api_version=hpa, internal_traffic_policy=minor >= 22)
 
 
 def reconcile_result(result: Any) -> str:

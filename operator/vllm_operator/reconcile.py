@@ -153,6 +153,9 @@ class Reconciler:
     prometheus_url: Optional[str] = None
     pdb_api_version: str = "policy/v1"
     hpa_api_version: str = "autoscaling/v2"
+    #: The API server knows Service.spec.internalTrafficPolicy (1.22+): a DaemonSet's client Service keeps
+    #: traffic on the node. Off for older servers, whose server-side apply refuses the unknown field.
+    internal_traffic_policy: bool = True
     clock: Callable[[], str] = utcnow
     fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
     #: Watch-fed copies of servers, children and pods (cache.py); None: GET and LIST every time.
@@ -226,8 +229,9 @@ class Reconciler:
             conditions = set_condition(conditions, "SpecValid", "True", "Planned",
                                        f"flags derived: {plan.max_model_len} tokens of context, "
                                        f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
-            desired = [with_hash(o) for o in builders.build_all(plan, body, pdb_api_version=self.pdb_api_version,
-                                                                hpa_api_version=self.hpa_api_version)]
+            desired = [with_hash(o) for o in builders.build_all(
+                plan, body, pdb_api_version=self.pdb_api_version, hpa_api_version=self.hpa_api_version,
+                internal_traffic_policy=self.internal_traffic_policy)]
             conditions, desired = self._external_scaler(name, spec, desired, conditions, generation, now, result)
             live = self._live_children(namespace, name, meta["uid"])
             workload = None
