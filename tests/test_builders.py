@@ -260,6 +260,12 @@ def test_pod_hardening(example):
     assert c["resources"]["requests"]["memory"]
 
 
+def test_a_crash_leaves_vllms_last_log_lines(example):
+    """The reconciler quotes lastState.terminated.message (failures.py); the kubelet fills it from the log."""
+    _, objects = example
+    assert container(objects)["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
 def test_termination_lets_in_flight_requests_finish(example):
     """preStop sleep (leave the endpoints), then SIGTERM and vLLM's drain (--shutdown-timeout), then its
     teardown: the grace period covers all three, so the kubelet never SIGKILLs a drain."""

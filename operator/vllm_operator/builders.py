@@ -137,6 +137,9 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "env": container_env(plan),
         "resources": container_resources(plan),
         "volumeMounts": mounts,
+        # A container that exits with an error leaves its last log lines (vLLM's traceback) in
+        # lastState.terminated.message, which the reconciler quotes in the Degraded condition.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         # /health refuses connections while the model loads: the startup probe waits for the whole
         # load, and liveness only starts after it succeeds, so a loading server is never killed.
         "startupProbe": _probe("/health", 10, 5, max(1, math.ceil(plan.startup_seconds / 10))),
