@@ -168,7 +168,11 @@ def classify(pods: Iterable[dict[str, Any]], events: Iterable[dict[str, Any]] = 
     if not found:
         return None
     found.sort(key=lambda f: (f.waiting, PRECEDENCE.index(f.reason)))  # stable: pods stay in name order
-    first, rest = found[0], [f for f in found[1:] if f.subject != found[0].subject and not f.waiting]
+    first, rest, seen = found[0], [], {found[0].subject}
+    for f in found[1:]:  # each other failing pod once, by its first-ranked reason
+        if not f.waiting and f.subject not in seen:
+            rest.append(f)
+            seen.add(f.subject)
     message = first.message
     if rest and not first.waiting:
         also = ", ".join(f"{f.subject} {f.reason}" for f in rest[:3]) + (", …" if len(rest) > 3 else "")
