@@ -7,105 +7,17 @@ tested against the conditions and reasons the operator actually produces.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import yaml
 
 from e2e.lua_health import HEALTH_SCRIPT, run_health_check, to_lua
+from e2e.memory_world import World
 from vllm_operator import packaging
-from vllm_operator.reconcile import Reconciler
 
 ROOT = Path(__file__).resolve().parents[1]
-NS = "team"
-
-
-class MemoryKube:
-    """Just enough of kube.Kube for the Reconciler: objects in a dict, apply merges, events counted."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.events: list[dict[str, Any]] = []
-
-    def get(self, api_version, kind, namespace, name):
-        obj = self.objects.get((kind, namespace, name))
-        return copy.deepcopy(obj) if obj else None
-
-    def list(self, api_version, kind, namespace, *, label_selector=None):
-        wanted = dict(kv.split("=", 1) for kv in label_selector.split(",")) if label_selector else {}
-        return [copy.deepcopy(o) for (k, ns, _), o in self.objects.items() if k == kind and ns == namespace
-                and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in wanted.items())]
-
-    def apply(self, obj, *, subresource=None, field_manager=None):
-        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
-        if subresource == "status":
-            self.objects[key]["status"] = copy.deepcopy(obj["status"])
-        else:
-            live = self.objects.setdefault(key, {"status": {}})
-            live.update(copy.deepcopy(obj))
-            live["metadata"].setdefault("uid", f"uid-{key[2]}")
-            live["metadata"].setdefault("generation", 1)
-        return copy.deepcopy(self.objects[key])
-
-    def delete(self, api_version, kind, namespace, name, *, uid=None):
-        return self.objects.pop((kind, namespace, name), None) is not None
-
-    def request(self, method, path, *, body=None, **_):
-        assert method == "POST" and path.endswith("/events"), (method, path)
-        self.events.append(body)
-
-
-class World:
-    """One VLLMServer, its children and pods, reconciled by the real Reconciler."""
-
-    def __init__(self, spec_changes: Optional[dict] = None, example: str = "llama-8b-single-gpu.yaml"):
-        self.kube = MemoryKube()
-        self.reconciler = Reconciler(self.kube, clock=lambda: "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
-        doc = yaml.safe_load((ROOT / "examples" / example).read_text())
-        doc["metadata"] = {"name": "srv", "namespace": NS, "uid": "uid-srv", "generation": 1}
-        doc["spec"].update(spec_changes or {})
-        self.kube.objects[("VLLMServer", NS, "srv")] = doc
-
-    @property
-    def server(self) -> dict[str, Any]:
-        return self.kube.get(None, "VLLMServer", NS, "srv")
-
-    def change_spec(self, **changes) -> None:
-        srv = self.kube.objects[("VLLMServer", NS, "srv")]
-        srv["spec"].update(changes)
-        srv["metadata"]["generation"] += 1
-
-    def reconcile(self) -> dict[str, Any]:
-        self.reconciler.reconcile(NS, "srv")
-        return self.server
-
-    def workload_reports(self, ready: int, *, updated: Optional[int] = None, desired: Optional[int] = None) -> None:
-        """What the StatefulSet or DaemonSet controller would write into the workload's status."""
-        for kind in ("StatefulSet", "DaemonSet"):
-            w = self.kube.objects.get((kind, NS, "srv"))
-            if w is None:
-                continue
-            want = w["spec"].get("replicas", 1) if desired is None else desired
-            done = want if updated is None else updated
-            if kind == "StatefulSet":
-                w["status"] = {"observedGeneration": w["metadata"]["generation"], "replicas": want,
-                               "readyReplicas": ready, "updatedReplicas": done,
-                               "currentRevision": "r1", "updateRevision": "r1" if done >= want else "r2"}
-            else:
-                w["status"] = {"observedGeneration": 1, "desiredNumberScheduled": want, "numberReady": ready,
-                               "updatedNumberScheduled": done}
-
-    def crash_loop(self) -> None:
-        self.kube.objects[("Pod", NS, "srv-0")] = {
-            "metadata": {"name": "srv-0", "namespace": NS,
-                         "labels": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "srv"}},
-            "status": {"containerStatuses": [{
-                "name": "vllm", "restartCount": 5, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                "lastState": {"terminated": {"exitCode": 1, "message": "torch.OutOfMemoryError: CUDA out of memory"}},
-            }]},
-        }
 
 
 def health(obj: dict[str, Any]) -> dict[str, str]:

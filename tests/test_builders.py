@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_operator import api, builders, cli, pipeline
+from vllm_operator import api, builders, cli, pipeline, planner
 from vllm_operator.planner import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,8 +256,41 @@ def test_pod_hardening(example):
         assert not sc.get("privileged", False)
         assert sc.get("allowPrivilegeEscalation") is False
     assert "hostNetwork" not in pod or plan.spec.workload == "DaemonSet"
-    assert pod["terminationGracePeriodSeconds"] > builders.PRESTOP_SECONDS
+    assert pod["terminationGracePeriodSeconds"] > plan.prestop_seconds + plan.drain_seconds
     assert c["resources"]["requests"]["memory"]
+
+
+def test_a_crash_leaves_vllms_last_log_lines(example):
+    """The reconciler quotes lastState.terminated.message (failures.py); the kubelet fills it from the log."""
+    _, objects = example
+    assert container(objects)["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_termination_lets_in_flight_requests_finish(example):
+    """preStop sleep (leave the endpoints), then SIGTERM and vLLM's drain (--shutdown-timeout), then its
+    teardown: the grace period covers all three, so the kubelet never SIGKILLs a drain."""
+    plan, objects = example
+    pod, c = pod_spec(objects), container(objects)
+    [sleep] = [int(arg) for arg in c["lifecycle"]["preStop"]["exec"]["command"][1:]]
+    drain = int(c["args"][c["args"].index("--shutdown-timeout") + 1])
+    assert sleep == plan.prestop_seconds > 0 and drain == plan.drain_seconds >= 30
+    assert pod["terminationGracePeriodSeconds"] == sleep + drain + planner.ASSUMPTIONS["shutdown_margin_seconds"][0]
+
+
+@pytest.mark.parametrize(("engine", "profile", "drain", "grace"), [
+    ({}, {}, 30, 50),  # an assumed p95 of 512 tokens at 20 tokens/s is 26 s: the 30 s floor
+    ({}, {"p95OutputTokens": 2000}, 100, 120),
+    ({}, {"p95OutputTokens": 7000}, 350, 370),
+    ({}, {"p95OutputTokens": 20_000, "maxContextTokens": 32768}, 600, 620),  # the ceiling: a rollout never waits longer per pod
+    ({"shutdownTimeoutSeconds": 0}, {"p95OutputTokens": 2000}, 0, 20),  # pinned: abort at once, as vLLM's default
+    ({"shutdownTimeoutSeconds": 900}, {}, 900, 920),
+])
+def test_grace_period_follows_the_shutdown_timeout(engine, profile, drain, grace):
+    plan = plan_spec(engine=engine, workloadProfile={"maxContextTokens": 8192, **profile})
+    pod = builders.pod_template(plan)["spec"]
+    assert plan.args[plan.args.index("--shutdown-timeout") + 1] == str(drain)
+    assert pod["terminationGracePeriodSeconds"] == grace
+    assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
 
 
 # --------------------------------------------------------------------------- services, PDB
@@ -267,6 +300,16 @@ def test_client_service(example):
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
     assert svc["spec"]["selector"] == builders.selector_labels(plan.name)
     assert svc["spec"].get("clusterIP") != "None"
+
+
+@pytest.mark.parametrize(("workload", "policy"), [
+    ("DaemonSet", "Local"),  # a client reaches the server on its own node
+    ("StatefulSet", None),  # replicas anywhere: the cluster-wide default
+])
+def test_daemonset_service_keeps_traffic_on_the_node(workload, policy):
+    plan = plan_spec(workload=workload)
+    [svc] = [o for o in builders.build_all(plan) if o["kind"] == "Service" and o["metadata"]["name"] == plan.name]
+    assert svc["spec"].get("internalTrafficPolicy") == policy
 
 
 @pytest.mark.parametrize(("spec", "wanted"), [

@@ -135,6 +135,8 @@ def test_pods_keep_what_the_reconciler_and_the_autoscaler_read():
                         "creationTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{"manager": "kubelet"}]},
            "spec": {"containers": [{"name": "vllm", "args": ["m", "--max-num-seqs", "8"], "image": "x",
                                     "ports": [{"name": "http", "containerPort": 8000}], "env": [{"name": "A"}],
+                                    "resources": {"limits": {"memory": "20Gi", "nvidia.com/gpu": "1"},
+                                                  "requests": {"cpu": "4"}},
                                     "startupProbe": {"periodSeconds": 10}}], "volumes": [{"name": "cache"}]},
            "status": {"phase": "Running", "podIP": "10.0.0.5", "conditions": [{"type": "Ready", "status": "True"}],
                       "containerStatuses": [{"name": "vllm", "restartCount": 3, "image": "x", "ready": True,
@@ -143,9 +145,10 @@ def test_pods_keep_what_the_reconciler_and_the_autoscaler_read():
     [kept] = objects.pods("ns", "srv")
     assert kept == {
         "metadata": {"name": "srv-0", "namespace": "ns", "uid": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": {"containers": [{"name": "vllm", "args": ["m", "--max-num-seqs", "8"],
+        "spec": {"containers": [{"name": "vllm", "image": "x", "args": ["m", "--max-num-seqs", "8"],
                                  "ports": [{"name": "http", "containerPort": 8000}],
-                                 "startupProbe": {"periodSeconds": 10}}]},
+                                 "startupProbe": {"periodSeconds": 10},
+                                 "resources": {"limits": {"memory": "20Gi"}}}]},
         "status": {"phase": "Running", "podIP": "10.0.0.5", "conditions": [{"type": "Ready", "status": "True"}],
                    "containerStatuses": [{"name": "vllm", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
                                           "restartCount": 3, "ready": True}]}}

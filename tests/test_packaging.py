@@ -159,7 +159,7 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
         ("autoscaling", "horizontalpodautoscalers"): CHILD_VERBS,
         ("keda.sh", "scaledobjects"): CHILD_VERBS,
         ("", "pods"): {"get", "list", "watch"},
-        ("", "events"): {"create"},
+        ("", "events"): {"create", "list"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"get"},
     }

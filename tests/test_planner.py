@@ -394,6 +394,20 @@ def test_credentials_in_env_are_refused(env, field):
     assert not plan.fits
 
 
+@pytest.mark.parametrize("env", [
+    {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+    {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"secretKeyRef": {"name": "gpus", "key": "list"}}},
+])
+def test_device_plugin_env_is_refused(env):
+    plan = plan_for(LLAMA_8B, engine={"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}, env]},
+                    workloadProfile={"maxContextTokens": 8192})
+    [problem] = plan.problems
+    assert problem.field == "spec.engine.env[1]"
+    assert problem.message.startswith(f"{env['name']} may not be set: the NVIDIA device plugin")
+    assert "spec.gpu" in problem.message
+
+
 def test_harmless_env_is_accepted():
     plan = plan_for(LLAMA_8B, engine={"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]},
                     workloadProfile={"maxContextTokens": 8192})
@@ -452,6 +466,72 @@ def test_valid_extra_args_are_passed_through(extra):
     plan = plan_for(LLAMA_8B, engine={"extraArgs": extra}, workloadProfile={"maxContextTokens": 8192})
     assert plan.fits, plan.problems
     assert plan.args[-len(extra):] == extra
+
+
+# --------------------------------------------------------------------------- shutdown
+@pytest.mark.parametrize(("engine", "profile", "seconds", "why"), [
+    ({}, {}, 30, "an assumed p95 output 512 tokens at 20 tokens/s = 26 s"),
+    ({}, {"p95OutputTokens": 1000}, 50, "workloadProfile.p95OutputTokens 1000 tokens at 20 tokens/s = 50 s"),
+    ({"shutdownTimeoutSeconds": 45}, {"p95OutputTokens": 1000}, 45, "pinned by engine.shutdownTimeoutSeconds"),
+    ({"shutdownTimeoutSeconds": 0}, {}, 0, "aborts every in-flight request"),
+])
+def test_shutdown_timeout_lets_a_p95_request_finish(engine, profile, seconds, why):
+    plan = plan_for(LLAMA_8B, engine=engine, workloadProfile={"maxContextTokens": 8192, **profile})
+    assert plan.fits, plan.problems
+    assert arg_value(plan.args, "--shutdown-timeout") == str(seconds) == str(plan.drain_seconds)
+    [decision] = [d for d in plan.decisions if d.flag == "--shutdown-timeout"]
+    assert why in decision.why and decision.pinned is ("shutdownTimeoutSeconds" in engine)
+    assert plan.termination_grace_seconds == plan.prestop_seconds + seconds + 10
+    [note] = [n for n in plan.notes if n.startswith("terminationGracePeriodSeconds")]
+    assert f"--shutdown-timeout {seconds} s" in note and f"preStop sleep {plan.prestop_seconds} s" in note
+
+
+def test_shutdown_timeout_is_not_an_extra_arg():
+    plan = plan_for(LLAMA_8B, engine={"extraArgs": ["--shutdown-timeout", "60"]},
+                    workloadProfile={"maxContextTokens": 8192})
+    [problem] = plan.problems
+    assert problem.field == "spec.engine.extraArgs[0]" and "spec.engine.shutdownTimeoutSeconds" in problem.message
+
+
+# --------------------------------------------------------------------------- queue cap
+AUTOSCALED = {"enabled": True, "maxReplicas": 4}
+QUEUE_PROFILE = {"maxContextTokens": 8192, "targetConcurrency": 8}  # max-num-seqs 10 (8 x 1.25, balanced)
+
+
+@pytest.mark.parametrize(("cap", "autoscaling", "refused"), [
+    (13, AUTOSCALED, False),  # 10 running + 3 waiting: 3 / 2 = 1.5 > 1.1, the autoscaler can scale up
+    (12, AUTOSCALED, True),  # 2 waiting at most: 2 / 2 = 1.0, within the tolerance for ever
+    (8, AUTOSCALED, True),  # not even the batch fills
+    (21, {**AUTOSCALED, "targetWaitingPerReplica": 10}, True),  # 11 waiting: exactly 1.1, within the tolerance
+    (22, {**AUTOSCALED, "targetWaitingPerReplica": 10}, False),
+    (23, {**AUTOSCALED, "targetWaitingPerReplica": 10, "mode": "HPA"}, False),
+    (11, {**AUTOSCALED, "targetWaitingPerReplica": 0.5}, False),  # 1 waiting: 1 / 0.5 = 2
+    (5, {}, False),  # no autoscaler: a coarse valve, with a warning that the batch never fills
+])
+def test_queue_cap_leaves_the_autoscaler_its_target(cap, autoscaling, refused):
+    plan = plan_for(LLAMA_8B, engine={"maxNumQueuedReqs": cap}, autoscaling=autoscaling,
+                    workloadProfile=QUEUE_PROFILE)
+    assert plan.max_num_seqs == 10
+    msgs = messages(plan, "spec.engine.maxNumQueuedReqs")
+    assert bool(msgs) is refused, plan.problems
+    if refused:
+        target = autoscaling["targetWaitingPerReplica"] if "targetWaitingPerReplica" in autoscaling else 2
+        need = planner.min_queue_cap(10, target)
+        assert f"Use at least {need}" in msgs[0] and "503" in msgs[0]
+        assert not messages(plan_for(LLAMA_8B, engine={"maxNumQueuedReqs": need}, autoscaling=autoscaling,
+                                     workloadProfile=QUEUE_PROFILE), "spec.engine.maxNumQueuedReqs")
+    else:
+        assert plan.fits, plan.problems
+        assert arg_value(plan.args, "--max-num-queued-reqs") == str(cap)
+        assert any(n.startswith("warning: engine.maxNumQueuedReqs") for n in plan.notes) is (cap < 10)
+
+
+def test_queue_cap_is_not_emitted_unless_set_and_not_an_extra_arg():
+    assert "--max-num-queued-reqs" not in plan_for(LLAMA_8B, workloadProfile={"maxContextTokens": 8192}).args
+    plan = plan_for(LLAMA_8B, engine={"extraArgs": ["--max-num-queued-reqs=64"]},
+                    workloadProfile={"maxContextTokens": 8192})
+    [problem] = plan.problems
+    assert problem.field == "spec.engine.extraArgs[0]" and "spec.engine.maxNumQueuedReqs" in problem.message
 
 
 # --------------------------------------------------------------------------- shared memory
@@ -538,6 +618,8 @@ def random_specs(draw) -> dict:
         "kvCacheDtype": draw(_optional(st.sampled_from(["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]), 3)),
         "enablePrefixCaching": draw(_optional(st.booleans(), 3)),
         "enforceEager": draw(_optional(st.booleans(), 3)),
+        "shutdownTimeoutSeconds": draw(_optional(st.integers(0, 3600), pin)),
+        "maxNumQueuedReqs": draw(_optional(st.integers(1, 2000), pin)),
         "extraArgs": draw(st.sampled_from(EXTRA_ARGS if wild else GOOD_EXTRA_ARGS)),
     })
     workload = draw(st.sampled_from(["StatefulSet", "DaemonSet"]))

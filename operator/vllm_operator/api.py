@@ -369,6 +369,14 @@ class EngineSpec(_Model):
     """Reuse KV blocks of shared prompt prefixes (--enable-prefix-caching / --no-enable-prefix-caching)."""
     enforce_eager: Optional[bool] = Field(None, alias="enforceEager")
     """Disable CUDA graphs (--enforce-eager): less memory and faster start, slower decoding."""
+    shutdown_timeout_seconds: Optional[int] = Field(None, ge=0, le=3600, alias="shutdownTimeoutSeconds")
+    """Seconds in-flight requests may finish after SIGTERM (--shutdown-timeout; 0 aborts them at once).
+    Derived from workloadProfile.p95OutputTokens when omitted.
+    The pod's terminationGracePeriodSeconds is the preStop sleep, this, and a margin for vLLM's teardown."""
+    max_num_queued_reqs: Optional[int] = Field(None, ge=1, le=1_000_000, alias="maxNumQueuedReqs")
+    """Most requests one server holds, running and waiting (--max-num-queued-reqs); past it vLLM answers 503.
+    Unlimited when omitted.
+    With autoscaling it must leave room above maxNumSeqs for more than targetWaitingPerReplica waiting requests."""
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, alias="extraArgs", max_length=128)
     """More vLLM flags, passed verbatim after the derived ones; a flag the operator derives is refused here."""
     env: list[EnvVar] = Field(default_factory=list, max_length=128)

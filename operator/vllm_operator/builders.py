@@ -150,13 +150,16 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "env": container_env(plan),
         "resources": container_resources(plan),
         "volumeMounts": mounts,
+        # A container that exits with an error leaves its last log lines (vLLM's traceback) in
+        # lastState.terminated.message, which the reconciler quotes in the Degraded condition.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         # /health refuses connections while the model loads: the startup probe waits for the whole
         # load, and liveness only starts after it succeeds, so a loading server is never killed.
         "startupProbe": _probe("/health", 10, 5, max(1, math.ceil(plan.startup_seconds / 10))),
         "readinessProbe": _probe("/health", 5, 5, 3),
         "livenessProbe": _probe("/health", 20, 10, 6),
-        # Let the endpoint leave the Services before vLLM stops taking requests.
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}},
+        # Let the endpoint leave the Services before vLLM stops taking requests (SIGTERM after the sleep).
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(plan.prestop_seconds)]}}},
         "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
                             "capabilities": {"drop": ["ALL"]}},
     }
@@ -173,7 +176,8 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
         "tolerations": tolerations,
-        "terminationGracePeriodSeconds": PRESTOP_SECONDS + plan.drain_seconds,
+        # preStop sleep + --shutdown-timeout + vLLM's teardown (planner.plan_shutdown): no SIGKILL mid-drain.
+        "terminationGracePeriodSeconds": plan.termination_grace_seconds,
         # vLLM reads VLLM_* variables; a Service named "vllm" would inject VLLM_PORT=tcp://... and break it.
         "enableServiceLinks": False,
         # vLLM never talks to the Kubernetes API.
@@ -246,17 +250,19 @@ def build_daemonset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- services, PDB
 def build_service(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
-    """The client Service: the OpenAI-compatible API on port 8000, named http."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(plan, plan.name, owner),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(plan.name),
-            "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
-        },
+    """The client Service: the OpenAI-compatible API on port 8000, named http.
+
+    A DaemonSet's gets internalTrafficPolicy: Local: a client pod reaches the server on its own node, never
+    another node's. A client on a node without a server pod gets no endpoint at all (kube-proxy drops the
+    connection)."""
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector_labels(plan.name),
+        "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
     }
+    if plan.spec.workload == "DaemonSet":
+        spec["internalTrafficPolicy"] = "Local"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(plan, plan.name, owner), "spec": spec}
 
 
 def build_headless_service(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:

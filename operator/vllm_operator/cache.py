@@ -75,13 +75,18 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What the reconciler (pod_trouble: container states) and the autoscaler (readiness, IP, start times,
-    the container's args, ports and startup probe) read of a pod."""
+    """What the reconciler (failures.classify: scheduling, container states, the image, the memory limit and
+    the startup probe) and the autoscaler (readiness, IP, start times, the container's args, ports and startup
+    probe) read of a pod."""
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     statuses = [{k: cs[k] for k in ("name", "state", "lastState", "restartCount", "ready") if k in cs}
                 for cs in status.get("containerStatuses") or []]
-    containers = [{k: c[k] for k in ("name", "args", "ports", "startupProbe") if k in c}
+    containers = [{k: c[k] for k in ("name", "image", "args", "ports", "startupProbe") if k in c}
                   for c in (body.get("spec") or {}).get("containers") or []]
+    for kept, c in zip(containers, (body.get("spec") or {}).get("containers") or []):
+        memory = ((c.get("resources") or {}).get("limits") or {}).get("memory")
+        if memory is not None:
+            kept["resources"] = {"limits": {"memory": memory}}
     return _plain({
         "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
                                           "resourceVersion") if k in meta},

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import api
@@ -35,3 +37,29 @@ def post_event(kube: Kube, body: dict[str, Any], type_: str, reason: str, messag
         kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=event)
     except ApiError as e:
         log.warning("could not record event %s: %s", reason, e)
+
+
+#: How long one namespace's Warning events are trusted: a server that stays short of replicas (a model loading
+#: for minutes) costs one LIST per namespace per this many seconds, whatever its reconciles.
+EVENTS_TTL_SECONDS = 15.0
+
+
+@dataclass
+class WarningEvents:
+    """The Warning events about a server's workload and pods (FailedCreate, failed probes, back-offs), for
+    failures.classify: one LIST per namespace (type=Warning), filtered here by the objects' uids and names."""
+
+    kube: Kube
+    ttl: float = EVENTS_TTL_SECONDS
+    _seen: dict[str, tuple[list[dict[str, Any]], float]] = field(default_factory=dict, repr=False)
+
+    def of(self, namespace: str, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        hit = self._seen.get(namespace)
+        if hit is None or now - hit[1] > self.ttl:
+            items = self.kube.request("GET", f"/api/v1/namespaces/{namespace}/events",
+                                      query=[("fieldSelector", "type=Warning")]).get("items") or []
+            hit = self._seen[namespace] = (items, now)
+        keys = {(o.get("kind") or "Pod", o["metadata"]["name"]) for o in objects}
+        return [e for e in hit[0] if ((e.get("involvedObject") or {}).get("kind"),
+                                      (e.get("involvedObject") or {}).get("name")) in keys]

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from . import api, vllm_flags
 from .api import VLLMServerSpec, parse_quantity
+from .autoscaler.policy import TOLERANCE
 from .catalog import GPUInfo, ResolvedModel
 
 GiB = 2**30
@@ -66,7 +67,23 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
     "load_bandwidth": (200e6, "conservative bytes/s to download or read weights at start"),
     "engine_init_seconds": (240, "engine start after weights: profiling, torch.compile, CUDA graphs"),
     "startup_floor_seconds": (600, "never give a model less than this to start"),
-    "drain_tokens_per_second": (20, "decode speed assumed when sizing the termination grace period"),
+    "drain_tokens_per_second": (
+        20,
+        "decode speed of one request assumed when sizing --shutdown-timeout: a slow stream (a loaded GPU, a long "
+        "context), so a p95 answer started just before SIGTERM still finishes",
+    ),
+    "drain_floor_seconds": (30, "never give in-flight requests less than this after SIGTERM (derived)"),
+    "drain_ceiling_seconds": (600, "never hold a stopping pod (and a rollout) longer than this (derived)"),
+    "prestop_seconds": (
+        10,
+        "the preStop sleep: the endpoints controller, kube-proxy and ingress controllers drop a terminating pod "
+        "from the Services within a few seconds; vLLM keeps serving meanwhile and gets SIGTERM only after it",
+    ),
+    "shutdown_margin_seconds": (
+        10,
+        "after the drain vLLM stops its engine processes and frees GPU memory; the grace period leaves this long "
+        "for it before the kubelet's SIGKILL",
+    ),
 }
 
 
@@ -108,6 +125,8 @@ OWNED_FLAGS: dict[str, str] = {
     "--dtype": "spec.model.dtype",
     "--revision": "spec.model.revision",
     "--download-dir": "spec.cache (HF_HOME)",
+    "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
+    "--max-num-queued-reqs": "spec.engine.maxNumQueuedReqs (checked against the autoscaler's target)",
 }
 
 #: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
@@ -140,9 +159,18 @@ CREDENTIAL_FLAGS: dict[str, str] = {
 UNSAFE_FLAGS = ("--host", "--port")
 DEFAULT_PORT = 8000
 _CREDENTIAL_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
-#: Environment the operator or the NVIDIA device plugin sets; engine.env may not override it.
+#: Environment the operator sets; engine.env may not override it.
 OWNED_ENV = set(api.OWNED_ENV)
-_DEVICE_PLUGIN_ENV = {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
+#: Environment the GPU device plugin owns: it names the GPUs allocated to the container (gpu.count of them);
+#: engine.env may not set it.
+DEVICE_PLUGIN_ENV: dict[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "the NVIDIA device plugin exposes exactly the spec.gpu.count GPUs allocated to the "
+                            "container; renumbering or hiding them here makes vLLM start on fewer GPUs than it "
+                            "shards over, or on none",
+    "NVIDIA_VISIBLE_DEVICES": "the NVIDIA device plugin sets it to the GPUs allocated to the container; the NVIDIA "
+                              "container runtime mounts whatever it names, so a value such as 'all' would hand the "
+                              "server every GPU of the node, including those allocated to other pods",
+}
 MAX_NAME_LENGTH = api.MAX_NAME_LENGTH
 
 
@@ -212,6 +240,11 @@ class Plan:
     cpu_request: int = 0
     startup_seconds: int = 0
     drain_seconds: int = 0
+    """--shutdown-timeout: how long in-flight requests may finish after SIGTERM."""
+    prestop_seconds: int = 0
+    """The preStop sleep before SIGTERM, while the pod leaves the Services' endpoints."""
+    termination_grace_seconds: int = 0
+    """terminationGracePeriodSeconds: preStop sleep + shutdown timeout + teardown margin."""
     prometheus_url: Optional[str] = None
     """The Prometheus the autoscaler (source: Prometheus) or a KEDA ScaledObject queries."""
     port: int = DEFAULT_PORT
@@ -400,9 +433,9 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
     problems.extend(credential_problems(spec))
     for i, env in enumerate(spec.engine.env):
         where = f"spec.engine.env[{i}]"
-        if env.name in _DEVICE_PLUGIN_ENV:
-            add(where, f"{env.name} is set by the NVIDIA device plugin to the GPUs the pod was given; choose GPUs "
-                "with spec.gpu instead")
+        if env.name in DEVICE_PLUGIN_ENV:
+            add(where, f"{env.name} may not be set: {DEVICE_PLUGIN_ENV[env.name]}. Choose the GPUs with spec.gpu "
+                "(count, product)")
         elif env.name in OWNED_ENV:
             add(where, f"{env.name} is set by the operator; use hfTokenSecretRef for tokens and cache for HF_HOME")
         elif env.value_from is not None and env.value:
@@ -726,6 +759,7 @@ def plan(
     p.decisions.append(Decision("--max-num-seqs", str(seqs), seqs_why, pinned=e.max_num_seqs is not None))
     p.decisions.append(Decision("--max-num-batched-tokens", str(batched), batched_why,
                                 pinned=e.max_num_batched_tokens is not None))
+    check_queue_cap(p)
     if kv_dtype != "auto":
         p.decisions.append(Decision("--kv-cache-dtype", kv_dtype, f"pinned: {p.kv_bytes_per_token} bytes/token per GPU",
                                     pinned=True))
@@ -754,11 +788,74 @@ def plan(
     p.cpu_request = max(4, 2 * tp + 2)
     p.startup_seconds = int(max(_a("startup_floor_seconds"),
                                 p.weight_bytes_total / _a("load_bandwidth") + _a("engine_init_seconds")))
-    p.drain_seconds = int(min(600, max(30, (prof.p95_output_tokens or 512) / _a("drain_tokens_per_second"))))
+    plan_shutdown(p)
     if spec.image != api.DEFAULT_IMAGE:
         p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
     p.args = engine_args(p)
     return p
+
+
+def min_queue_cap(max_num_seqs: int, target_waiting: float) -> int:
+    """The smallest --max-num-queued-reqs with which the autoscaler can still scale up. vLLM counts running
+    and waiting requests against the cap (SchedulerConfig.max_num_queued_reqs), so with max_num_seqs running
+    at most cap - max_num_seqs wait; the autoscaler (and an HPA, with the same default tolerance) scales up
+    only when more than target x (1 + tolerance) wait per replica."""
+    return max_num_seqs + math.floor(target_waiting * (1 + TOLERANCE) + 1e-9) + 1
+
+
+def check_queue_cap(p: Plan) -> None:
+    """engine.maxNumQueuedReqs: emitted as pinned; refused when an autoscaler would never see its target."""
+    e, a = p.spec.engine, p.spec.autoscaling
+    cap = e.max_num_queued_reqs
+    if cap is None:
+        return
+    seqs = p.max_num_seqs
+    p.decisions.append(Decision("--max-num-queued-reqs", str(cap), f"pinned by engine.maxNumQueuedReqs: past {cap} "
+                                "requests (running and waiting) vLLM answers 503 and clients retry elsewhere",
+                                pinned=True))
+    if a.enabled:
+        need = min_queue_cap(seqs, a.target_waiting_per_replica)
+        if cap < need:
+            p.problem("spec.engine.maxNumQueuedReqs",
+                      f"{cap} requests per server, {seqs} of them running (max-num-seqs), leave room for at most "
+                      f"{max(cap - seqs, 0)} waiting; the autoscaler scales up only when more than "
+                      f"{a.target_waiting_per_replica * (1 + TOLERANCE):g} wait per replica (targetWaitingPerReplica "
+                      f"{a.target_waiting_per_replica:g} and its {TOLERANCE:.0%} tolerance), so it would never scale "
+                      f"up and vLLM would answer 503 instead. Use at least {need}, or lower targetWaitingPerReplica")
+    elif cap < seqs:
+        p.notes.append(f"warning: engine.maxNumQueuedReqs {cap} is below --max-num-seqs {seqs}: vLLM never runs more "
+                       f"than {cap} requests at once")
+
+
+def plan_shutdown(p: Plan) -> None:
+    """--shutdown-timeout and the pod's termination timeline: the preStop sleep (the pod leaves the Services'
+    endpoints while vLLM still serves), then SIGTERM and the drain (vLLM takes no new request and lets the
+    in-flight ones finish, up to the timeout), then vLLM's teardown; terminationGracePeriodSeconds covers all
+    three, so the kubelet's SIGKILL never cuts a drain short."""
+    e, prof = p.spec.engine, p.spec.workload_profile
+    speed = _a("drain_tokens_per_second")
+    if e.shutdown_timeout_seconds is not None:
+        p.drain_seconds, why = e.shutdown_timeout_seconds, "pinned by engine.shutdownTimeoutSeconds"
+        if e.shutdown_timeout_seconds == 0:
+            why += ": vLLM aborts every in-flight request on SIGTERM"
+    else:
+        tokens = prof.p95_output_tokens or 512
+        source = "workloadProfile.p95OutputTokens" if prof.p95_output_tokens else "an assumed p95 output"
+        needed = math.ceil(tokens / speed)
+        floor, ceiling = int(_a("drain_floor_seconds")), int(_a("drain_ceiling_seconds"))
+        p.drain_seconds = min(ceiling, max(floor, needed))
+        clipped = (f", raised to the {floor} s floor" if needed < floor else
+                   f", cut to the {ceiling} s ceiling" if needed > ceiling else "")
+        why = (f"{source} {tokens} tokens at {speed:g} tokens/s = {needed} s{clipped}: a request started just "
+               "before SIGTERM finishes instead of being aborted")
+    p.decisions.append(Decision("--shutdown-timeout", str(p.drain_seconds), why,
+                                pinned=e.shutdown_timeout_seconds is not None))
+    p.prestop_seconds = int(_a("prestop_seconds"))
+    margin = int(_a("shutdown_margin_seconds"))
+    p.termination_grace_seconds = p.prestop_seconds + p.drain_seconds + margin
+    p.notes.append(f"terminationGracePeriodSeconds {p.termination_grace_seconds} = preStop sleep {p.prestop_seconds} s "
+                   f"(the pod leaves the Services' endpoints while vLLM still serves) + --shutdown-timeout "
+                   f"{p.drain_seconds} s (in-flight requests finish) + {margin} s for vLLM's teardown")
 
 
 def unsafe_overrides(p: Plan) -> None:

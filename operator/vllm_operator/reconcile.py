@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import api, builders, events, pipeline, podsecurity
+from . import api, builders, events, failures, pipeline, podsecurity
 from .autoscaler import ownership
 from .cache import WatchedObjects
 from .kube import ApiError, Kube
@@ -97,23 +97,12 @@ def condition(status: dict[str, Any], type_: str) -> Optional[dict[str, Any]]:
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
-BAD_WAITING = {"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError",
-               "CreateContainerError", "InvalidImageName"}
-
-
-def pod_trouble(pods: list[dict[str, Any]]) -> Optional[str]:
-    """A message about the first pod that is crash-looping or cannot start, if any."""
-    for pod in pods:
-        for cs in pod.get("status", {}).get("containerStatuses") or []:
-            waiting = (cs.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in BAD_WAITING:
-                last = (cs.get("lastState") or {}).get("terminated") or {}
-                detail = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
-                msg = (last.get("message") or waiting.get("message") or "").strip().splitlines()
-                tail = f": {msg[-1][:300]}" if msg else ""
-                return (f"pod {pod['metadata']['name']}: {cs.get('name')} is {waiting['reason']} "
-                        f"(restarts {cs.get('restartCount', 0)}{detail}){tail}")
-    return None
+def degraded_condition(trouble: Optional[failures.Failure]) -> tuple[str, str, str]:
+    """Degraded's (status, reason, message): True with the failure's own reason (failures.py); a failure that
+    is only waiting (a node being added) is not one."""
+    if trouble is None or trouble.waiting:
+        return "False", "AsExpected", "no pod is failing"
+    return "True", trouble.reason, trouble.message
 
 
 def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
@@ -157,6 +146,10 @@ class Reconciler:
     fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
     #: Watch-fed copies of servers, children and pods (cache.py); None: GET and LIST every time.
     objects: Optional[WatchedObjects] = None
+    #: The Events about some objects of a namespace (namespace, [workload, *pods]) -> Events, for the failures
+    #: only Events tell (FailedCreate, a startup probe's kill); asked only while a replica is not ready. None:
+    #: pod status only (the operator's RBAC does not read Events yet).
+    events_of: Optional[Callable[[str, list[dict[str, Any]]], list[dict[str, Any]]]] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
 
@@ -278,13 +271,9 @@ class Reconciler:
             cached = self._cached()
             pods = cached.pods(namespace, name) if cached else self.kube.list(
                 "v1", "Pod", namespace, label_selector=builders.selector_string(name))
-            trouble = pod_trouble(pods)
-            if trouble:
-                conditions = set_condition(conditions, "Degraded", "True", "PodFailing", trouble, generation, now)
-            else:
-                conditions = set_condition(conditions, "Degraded", "False", "AsExpected", "no pod is failing",
-                                           generation, now)
-            conditions = self._ready_conditions(conditions, progress, workload, generation, now)
+            trouble = self._trouble(namespace, workload, progress, pods, now)
+            conditions = set_condition(conditions, "Degraded", *degraded_condition(trouble), generation, now)
+            conditions = self._ready_conditions(conditions, progress, workload, generation, now, trouble=trouble)
             new_status = {
                 "observedGeneration": generation,
                 "conditions": conditions,
@@ -365,7 +354,19 @@ class Reconciler:
                 result.events.append(("Warning", "KEDANotInstalled", cond[2]))
         return set_condition(conditions, "ExternalScaler", *cond, generation, now), desired
 
-    def _ready_conditions(self, conditions, progress, workload, generation, now, stalled=False):
+    def _trouble(self, namespace: str, workload: Optional[dict[str, Any]], progress: dict[str, Any],
+                 pods: list[dict[str, Any]], now: str) -> Optional[failures.Failure]:
+        """Why pods do not serve (failures.classify), with the Events of the workload and its pods while a
+        replica is missing: a healthy server costs no request."""
+        found: list[dict[str, Any]] = []
+        if self.events_of is not None and workload is not None and progress["ready"] < progress["desired"]:
+            try:
+                found = self.events_of(namespace, [workload, *pods])
+            except ApiError as e:
+                log.warning("could not read the Events of %s/%s: %s", namespace, workload["metadata"]["name"], e)
+        return failures.classify(pods, found, workload=workload, now=now)
+
+    def _ready_conditions(self, conditions, progress, workload, generation, now, stalled=False, trouble=None):
         desired, ready = progress["desired"], progress["ready"]
         if workload is None:
             conditions = set_condition(conditions, "Ready", "False", "NoWorkload", "no workload has been created",
@@ -391,6 +392,8 @@ class Reconciler:
             ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
         elif ready > 0:
             ready_c = ("False", "PartiallyReady", f"{ready}/{desired} replicas ready")
+        elif trouble is not None:  # named: what keeps every replica from serving
+            ready_c = ("False", trouble.reason, f"0/{desired} replicas ready: {trouble.message}")
         else:
             ready_c = ("False", "NoReplicasReady", f"0/{desired} replicas ready (models load for minutes)")
         conditions = set_condition(conditions, "Ready", *ready_c, generation, now)
@@ -402,15 +405,18 @@ class Reconciler:
         return set_condition(conditions, "Progressing", *prog, generation, now)
 
     def _transition_events(self, old_status: dict, conditions: list[dict], result: Result) -> None:
-        old = {c["type"]: c.get("status") for c in old_status.get("conditions") or []}
+        """An Event when Ready changes, and one when pods start failing or fail for another reason (the
+        Event's reason is the failure's: OOMKilled, FailedCreate, ...)."""
+        old = {c["type"]: c for c in old_status.get("conditions") or []}
+        was = {t: c.get("status") for t, c in old.items()}
         for c in conditions:
-            if c["type"] == "Ready" and old.get("Ready") != c["status"] and not (
-                    old.get("Ready") is None and c["status"] == "False"):
+            if c["type"] == "Ready" and was.get("Ready") != c["status"] and not (
+                    was.get("Ready") is None and c["status"] == "False"):
                 result.events.append(("Normal" if c["status"] == "True" else "Warning",
                                       "Ready" if c["status"] == "True" else "NotReady", c["message"]))
-            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] == "PodFailing" and (
-                    old.get("Degraded") != "True"):
-                result.events.append(("Warning", "PodFailing", c["message"]))
+            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] in failures.REASONS and (
+                    was.get("Degraded") != "True" or old["Degraded"].get("reason") != c["reason"]):
+                result.events.append(("Warning", c["reason"], c["message"]))
 
     def _replace_immutable(self, obj: dict[str, Any], error: ApiError) -> bool:
         """A StatefulSet whose immutable fields (volumeClaimTemplates: spec.cache) must change: delete it
