@@ -338,9 +338,12 @@ def test_karpenter_a100_family_plans_for_the_40gb_card():
     ({"product": "RTX-A6000", "labelConvention": "GKE"}, "spec.gpu.labelConvention", "NVIDIA-L4"),
     ({"product": "L4-SHARED", "labelConvention": "Karpenter"}, "spec.gpu.product", "-SHARED"),
     ({"product": "H100x"}, "spec.gpu.product", "did you mean H100"),
+    ({"product": "L4-SHARED", "count": 2}, "spec.gpu.count", "shares of one GPU"),
+    ({"product": "H100", "migProfile": "1g.10gb", "count": 2}, "spec.gpu.count", "MIG"),
+    ({"product": "L4", "migProfile": "1g.10gb"}, "spec.gpu.migProfile", "no MIG profiles for NVIDIA-L4"),
 ])
 def test_gpu_selections_that_cannot_schedule_are_refused(gpu, field, needle):
-    spec = api.VLLMServerSpec.model_validate({"model": {"name": "meta-llama/Llama-3.2-3B-Instruct"},
+    spec = api.VLLMServerSpec.model_validate({"model": {"name": "meta-llama/Llama-3.2-3B-Instruct"}, "ipc": "Host",
                                               "gpu": {"count": 1, **gpu}})
     plan = pipeline.plan_server("srv", "ns1", spec)
     assert any(p.field == field and needle in p.message for p in plan.problems), plan.problems

@@ -561,7 +561,7 @@ def test_no_product_needs_memory():
 def test_memory_above_the_catalogs_is_noted():
     plan = plan_for(LLAMA_8B, gpu={"product": "L4", "memory": "24Gi"})
     assert plan.gpu_memory == 24 * GiB
-    assert any("gpu.memory 24Gi is more than the catalog's" in n for n in plan.notes), plan.notes
+    assert any("gpu.memory 24Gi is more than the catalog NVIDIA-L4: 22.49 GiB" in n for n in plan.notes), plan.notes
 
 
 def test_gpu_resources_in_spec_resources_are_refused():
@@ -602,6 +602,8 @@ def random_specs(draw) -> dict:
     gpu = _drop_none({
         "count": count,
         "product": draw(_optional(st.sampled_from(GPU_PRODUCTS + ["NVIDIA-Unknown-9000"]), 1)),
+        "migProfile": draw(_optional(st.sampled_from(list(catalog.mig_profiles()) + ["2g.99gb"]), 6)),
+        "labelConvention": draw(_optional(st.sampled_from(["GFD", "GKE", "Karpenter"]), 3)),
         "memory": draw(_optional(st.integers(1 if wild else 16, 200).map(lambda n: f"{n}Gi"))),
         "reservedMemory": draw(_optional(st.sampled_from(["0", "256Mi", "1.2Gi", "4Gi", "100Gi"] if wild
                                                          else ["0", "256Mi", "1.2Gi"]), 3)),
@@ -682,3 +684,10 @@ def test_planner_never_raises(raw):
     # The flag carries exactly the utilization the memory was planned with (no rounding either way).
     assert float(arg_value(plan.args, "--gpu-memory-utilization")) == plan.gpu_memory_utilization
     assert math.isfinite(plan.max_concurrency) and plan.max_concurrency > 0
+    # A fitting plan can be scheduled: a MIG slice is one device, and what the pod selects was planned for.
+    assert not spec.gpu.mig_profile or (spec.gpu.count == 1 and plan.gpu.resource != "nvidia.com/gpu"
+                                        or spec.gpu.label_convention == "GKE")
+    if spec.gpu.memory is None:  # planned for the smallest GPU (or slice) the pod can land on
+        mig = plan.gpu.mig_profile
+        sizes = [g.mig_memory(mig) if mig else g.memory_bytes for g in plan.gpu.products]
+        assert plan.gpu_memory == min(size for size in sizes if size is not None)

@@ -168,9 +168,10 @@ def _unknown_product(draft: _Draft, mig: Optional[str], resource: str) -> GPUSel
     near = catalog.near_gpu_names(product)
     hint = f" (did you mean {_either(near)}?)" if near else ""
     if gpu.memory is None:
+        example = _example_memory(near, product)
         draft.problem("spec.gpu.product", f"{product!r} is not a GPU the catalog knows{hint}. gpu.product takes a "
                       f"GPU feature discovery label (NVIDIA-L4), an alias (L4, A100-80GB) or a family (H100); to "
-                      f"keep this name, set gpu.memory to one GPU's memory (for example {_example_memory(near, product)})")
+                      f"keep this name, set gpu.memory to one GPU's memory (for example {example})")
         return draft.done(resource=resource, mig_profile=mig)
     value = "-".join(product.split()) if gpu.label_convention == "GFD" else product  # GFD: NVML spaces as dashes
     if len(value) > 63 or not _LABEL_VALUE.match(value):
@@ -178,7 +179,8 @@ def _unknown_product(draft: _Draft, mig: Optional[str], resource: str) -> GPUSel
                       "'-', '_' or '.'), so no node can carry it")
         return draft.done(resource=resource, mig_profile=mig)
     key = PRODUCT_LABEL[gpu.label_convention]
-    capitals = " (GFD keeps NVML's capitals: NVIDIA-L4, not nvidia-l4)" if value.islower() and key == GFD_PRODUCT_LABEL else ""
+    capitals = (" (GFD keeps NVML's capitals: NVIDIA-L4, not nvidia-l4)"
+                if value.islower() and key == GFD_PRODUCT_LABEL else "")
     draft.notes.append(f"gpu.product {product!r} is not in the catalog: nodes are selected by {key}={value} as "
                        f"written{capitals}{hint}, and planned with gpu.memory {gpu.memory}")
     requirements = [NodeRequirement(key, (value,))]
@@ -212,6 +214,10 @@ def _known_product(draft: _Draft, match: GPUMatch, mig: Optional[str], single: b
         draft.problem("spec.gpu.product", f"-SHARED is the suffix GPU feature discovery adds to {GFD_PRODUCT_LABEL} "
                       f"on shared GPUs; labelConvention {convention} has no such value. {SHARED_HINT[convention]}, "
                       "or use labelConvention: GFD")
+    if match.shared and gpu.count > 1:
+        draft.problem("spec.gpu.count", f"{gpu.count} shares of a shared GPU (-SHARED) can be shares of one GPU: "
+                      "tensor parallelism over them would run every shard on the same device. Use count: 1, or "
+                      "whole GPUs for tensor parallelism")
     candidates = _with_mig(draft, match, mig)
     candidates = _with_label(draft, candidates, convention)
     if not candidates:
@@ -222,28 +228,34 @@ def _known_product(draft: _Draft, match: GPUMatch, mig: Optional[str], single: b
         draft.notes.append(f"{_describe(requirements)} also selects {', '.join(extra)} (the label does not tell "
                            "them apart): planned for the smallest")
     memory, source, estimated = _smallest(reach, mig)
-    if gpu.memory is not None and memory is not None and api.parse_quantity(gpu.memory) > memory:
-        draft.notes.append(f"gpu.memory {gpu.memory} is more than the catalog's {source}: vLLM will not start if "
-                           "the GPU has less free memory than its budget")
-    if estimated and gpu.memory is None:
-        draft.notes.append(f"{gib(memory)} is the marketed size of {source.split(':')[0].removeprefix('catalog ')}, "
-                           "not what CUDA reports: set gpu.memory to torch.cuda.get_device_properties(0).total_memory "
-                           "if the server runs close")
     if memory is None and gpu.memory is None and not draft.problems:
         draft.problem("spec.gpu.memory", f"the catalog has no memory figure for MIG profile {mig} on "
                       f"{', '.join(g.product for g in reach)}; set gpu.memory to the slice's memory "
                       "(nvidia-smi mig -lgip shows it)")
+    _explain(draft, match, requirements, reach, memory, source, estimated)
+    return draft.done(resource=resource, requirements=requirements, products=reach, mig_profile=mig,
+                      memory_bytes=memory, memory_source=source, memory_estimated=estimated)
+
+
+def _explain(draft: _Draft, match: GPUMatch, requirements: tuple[NodeRequirement, ...], reach: tuple[GPUInfo, ...],
+             memory: Optional[int], source: str, estimated: bool) -> None:
+    """Notes for the plan: what the pod selects where that is not what was written, and memory caveats."""
+    gpu = draft.gpu
     if len(reach) > 1:
         draft.notes.append(f"gpu.product {gpu.product} selects any of {', '.join(g.product for g in reach)} "
-                           f"({_describe(requirements)}); planned for the smallest: {source}")
-    elif [gpu.product.strip()] != [v for r in requirements for v in r.values]:
+                           f"({_describe(requirements)}); planned for the smallest, {_short(source)}")
+    elif [str(gpu.product).strip()] != [v for r in requirements for v in r.values]:
         draft.notes.append(f"gpu.product {gpu.product} selects nodes by {_describe(requirements)}")
-    if match.shared and convention == "GFD":
+    if gpu.memory is not None and memory is not None and api.parse_quantity(gpu.memory) > memory:
+        draft.notes.append(f"gpu.memory {gpu.memory} is more than the {_short(source)}: vLLM will not start if "
+                           "the GPU has less free memory than its budget")
+    if estimated and gpu.memory is None:
+        draft.notes.append(f"the {_short(source)} is a marketed size, not what CUDA reports: set gpu.memory to "
+                           "torch.cuda.get_device_properties(0).total_memory if the server runs close")
+    if match.shared and gpu.label_convention == "GFD":
         draft.notes.append("shared GPU (-SHARED): time-slicing does not divide GPU memory, so the plan takes the "
                            "whole GPU; where other pods share it, set gpu.memory to this server's share (with MPS, "
                            "memory / replicas)")
-    return draft.done(resource=resource, requirements=requirements, products=reach, mig_profile=mig,
-                      memory_bytes=memory, memory_source=source, memory_estimated=estimated)
 
 
 def _with_mig(draft: _Draft, match: GPUMatch, mig: Optional[str]) -> tuple[GPUInfo, ...]:
@@ -259,12 +271,13 @@ def _with_mig(draft: _Draft, match: GPUMatch, mig: Optional[str]) -> tuple[GPUIn
         return having
     if with_tables:  # the catalog knows these GPUs' profiles, and this is not one of them
         profiles = sorted({p for g in with_tables for p, _ in g.mig})
-        draft.problem("spec.gpu.migProfile", f"{mig} is not a MIG profile of {', '.join(g.product for g in with_tables)}"
-                      f" (profiles: {', '.join(profiles)})")
+        names = ", ".join(g.product for g in with_tables)
+        draft.problem("spec.gpu.migProfile", f"{mig} is not a MIG profile of {names} (profiles: {', '.join(profiles)})")
         return ()
     if draft.gpu.memory is None:
-        draft.problem("spec.gpu.migProfile", f"the catalog has no MIG profiles for {', '.join(g.product for g in match.products)}"
-                      f": if it has {mig}, set gpu.memory to the slice's memory (nvidia-smi mig -lgip shows it)")
+        names = ", ".join(g.product for g in match.products)
+        draft.problem("spec.gpu.migProfile", f"the catalog has no MIG profiles for {names}: if it has {mig}, set "
+                      "gpu.memory to the slice's memory (nvidia-smi mig -lgip shows it)")
     return match.products
 
 
@@ -311,7 +324,9 @@ def _describe(requirements: tuple[NodeRequirement, ...]) -> str:
 
 
 def _smallest(products: tuple[GPUInfo, ...], mig: Optional[str]) -> tuple[Optional[int], str, bool]:
-    """(memory, source, estimated) of the product with the least memory (of one slice with a MIG profile)."""
+    """(memory, source, estimated) of the product with the least memory (of one slice with a MIG profile).
+
+    The source reads "catalog NVIDIA-H100-PCIe: 79.11 GiB (<document>)"; _short(source) drops the document."""
     sized = [(g.mig_memory(mig) if mig else g.memory_bytes, g) for g in products]
     sized = [(memory, g) for memory, g in sized if memory is not None]
     if not sized:
@@ -319,3 +334,8 @@ def _smallest(products: tuple[GPUInfo, ...], mig: Optional[str]) -> tuple[Option
     memory, smallest = min(sized, key=lambda item: item[0])
     what = f"{smallest.product} MIG {mig}" if mig else smallest.product
     return memory, f"catalog {what}: {gib(memory)} ({smallest.source})", smallest.memory_estimated
+
+
+def _short(source: str) -> str:
+    """A memory source without its document, e.g. catalog NVIDIA-H100-PCIe: 79.11 GiB."""
+    return source.split(" (", 1)[0]

@@ -583,9 +583,9 @@ def match_gpu(name: str, convention: str = "GFD") -> Optional[GPUMatch]:
 
     Accepted, case-insensitively, with spaces, dashes and underscores alike, in this order: a GFD
     product label (NVIDIA-L4; NVIDIA-H200 is that product, H200 the family of it and the H200 NVL),
-    the value of the label
-    convention in use (GKE's nvidia-tesla-a100, Karpenter's a10g), with any convention a GKE
-    accelerator name, a family (H100: every H100 product), an alias (L4). GFD's "-SHARED" and
+    a value of the label convention in use (GKE's nvidia-tesla-a100, Karpenter's a10g), with any
+    convention a GKE accelerator name, a family (H100: every H100 product), an alias (L4), and last
+    any of these with the dashes left out (L40-S, RTX6000-Ada). GFD's "-SHARED" and
     "-MIG-<profile>" suffixes are recognised and reported.
     """
     if not name or not name.strip():
