@@ -23,6 +23,7 @@ import yaml
 from e2e.controlplane import ControlPlane, wait_for
 from e2e.fakekubelet import FakeKubelet
 from e2e.operator_process import OperatorProcess
+from vllm_operator import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_EXAMPLE = ROOT / "examples" / "llama-8b-single-gpu.yaml"
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     doc = yaml.safe_load(Path(args.example).read_text())
     name = doc["metadata"]["name"]
     ns = doc["metadata"].get("namespace", "default")
-    product = (doc["spec"].get("gpu") or {}).get("product") or "NVIDIA-L4"
+    written = (doc["spec"].get("gpu") or {}).get("product") or "NVIDIA-L4"
+    match = catalog.match_gpu(written)  # the fake node carries the label GPU feature discovery would write
+    product = match.products[0].product if match else written
 
     workdir = Path(tempfile.mkdtemp(prefix="vllm-operator-demo-"))
     say("starting a local control plane (etcd, kube-apiserver, kube-controller-manager)")

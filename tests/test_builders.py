@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_operator import api, builders, cli, pipeline, planner
+from vllm_operator import api, builders, catalog, cli, pipeline, planner
 from vllm_operator.planner import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,10 +192,168 @@ def test_pod_scheduling(example):
     plan, objects = example
     pod = pod_spec(objects)
     if plan.spec.gpu.product:
-        assert pod["nodeSelector"]["nvidia.com/gpu.product"] == plan.spec.gpu.product
+        assert pod["nodeSelector"]["nvidia.com/gpu.product"] == catalog.lookup_gpu(plan.spec.gpu.product).product
     else:
         assert "nvidia.com/gpu.product" not in pod.get("nodeSelector", {})
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+# --------------------------------------------------------------------------- which nodes, which GPU resource
+def gpu_pod(**gpu: Any) -> dict:
+    """The pod spec for Llama-3.2-3B on the GPU described by spec.gpu fields."""
+    return builders.pod_template(plan_spec(gpu={"count": 1, **gpu}))["spec"]
+
+
+def required_expressions(pod: dict) -> list[list[dict]]:
+    terms = pod.get("affinity", {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution",
+                                                                  {}).get("nodeSelectorTerms", [])
+    return [t.get("matchExpressions", []) for t in terms]
+
+
+def gpu_resources(pod: dict) -> dict[str, dict[str, str]]:
+    [c] = pod["containers"]
+    return {side: {k: v for k, v in c["resources"][side].items() if k.startswith("nvidia.com/")}
+            for side in ("requests", "limits")}
+
+
+@pytest.mark.parametrize("written, label", [
+    ("L4", "NVIDIA-L4"),
+    ("l4", "NVIDIA-L4"),
+    ("NVIDIA-L4", "NVIDIA-L4"),
+    ("nvidia l4", "NVIDIA-L4"),
+    ("nvidia-l4-shared", "NVIDIA-L4-SHARED"),  # GFD's label on a time-sliced or MPS-shared L4 node
+    ("NVIDIA-A100-SXM4-80GB-SHARED", "NVIDIA-A100-SXM4-80GB-SHARED"),
+    ("h100-sxm", "NVIDIA-H100-80GB-HBM3"),
+    ("Tesla-T4", "Tesla-T4"),
+])
+def test_node_selector_carries_the_gfd_label(written, label):
+    pod = gpu_pod(product=written)
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == label
+    assert "affinity" not in pod
+    assert gpu_resources(pod) == {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+
+
+@pytest.mark.parametrize("family, labels", [
+    ("A100-80GB", ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"]),
+    ("H100", ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe", "NVIDIA-H100-NVL"]),
+    ("h100-shared", ["NVIDIA-H100-80GB-HBM3-SHARED", "NVIDIA-H100-PCIe-SHARED", "NVIDIA-H100-NVL-SHARED"]),
+])
+def test_a_family_is_node_affinity_in_every_member(family, labels):
+    # A nodeSelector cannot say "or": the pod may land on any member, and was planned for the smallest.
+    pod = gpu_pod(product=family)
+    assert "nvidia.com/gpu.product" not in pod.get("nodeSelector", {})
+    assert required_expressions(pod) == [[{"key": "nvidia.com/gpu.product", "operator": "In", "values": labels}]]
+
+
+def test_family_affinity_is_added_to_every_term_of_the_specs_own_affinity():
+    own = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    plan = plan_spec(gpu={"count": 1, "product": "A100-80GB"}, affinity=own)
+    pod = builders.pod_template(plan)["spec"]
+    gpu = {"key": "nvidia.com/gpu.product", "operator": "In",
+           "values": ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"]}
+    assert required_expressions(pod) == [[{"key": "zone", "operator": "In", "values": ["a"]}, gpu], [gpu]]
+    assert pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == \
+        own["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pod["affinity"]["podAntiAffinity"] == own["podAntiAffinity"]
+    assert plan.spec.affinity == own  # the spec is not changed in place
+
+
+def test_the_specs_own_node_selector_wins():
+    pod = builders.pod_template(plan_spec(gpu={"count": 1, "product": "H100"},
+                                          nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H100-NVL"}))["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-NVL"}
+    assert "affinity" not in pod
+
+
+def test_mig_slice_is_requested_instead_of_a_gpu():
+    pod = gpu_pod(product="A100-80GB", migProfile="3g.40gb")
+    assert gpu_resources(pod) == {"requests": {"nvidia.com/mig-3g.40gb": "1"},
+                                  "limits": {"nvidia.com/mig-3g.40gb": "1"}}
+    # The mixed strategy keeps the whole GPU's product label on the node.
+    assert required_expressions(pod) == [[{"key": "nvidia.com/gpu.product", "operator": "In",
+                                           "values": ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"]}]]
+
+
+def test_mig_slice_without_product_selects_by_resource_only():
+    pod = gpu_pod(migProfile="1g.10gb")
+    assert gpu_resources(pod)["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert "nodeSelector" not in pod and "affinity" not in pod
+
+
+def test_mig_single_strategy_label_requests_nvidia_gpu():
+    # GFD's single strategy renames the product (…-MIG-3g.40gb) and serves the slices as nvidia.com/gpu.
+    pod = gpu_pod(product="NVIDIA-A100-SXM4-80GB-MIG-3g.40gb")
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb"}
+    assert gpu_resources(pod)["limits"] == {"nvidia.com/gpu": "1"}
+
+
+@pytest.mark.parametrize("gpu, node_selector, expressions", [
+    ({"product": "L4"}, {"cloud.google.com/gke-accelerator": "nvidia-l4"}, []),
+    ({"product": "nvidia-l4"}, {"cloud.google.com/gke-accelerator": "nvidia-l4"}, []),
+    ({"product": "A100-40GB"}, {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"}, []),
+    ({"product": "nvidia-tesla-t4"}, {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}, []),
+    ({"product": "H100"}, {}, [{"key": "cloud.google.com/gke-accelerator", "operator": "In",
+                                "values": ["nvidia-h100-80gb", "nvidia-h100-mega-80gb"]}]),
+    ({"product": "A100-80GB", "migProfile": "3g.40gb"},
+     {"cloud.google.com/gke-accelerator": "nvidia-a100-80gb", "cloud.google.com/gke-gpu-partition-size": "3g.40gb"},
+     []),
+])
+def test_gke_label_convention(gpu, node_selector, expressions):
+    pod = gpu_pod(labelConvention="GKE", **gpu)
+    assert pod.get("nodeSelector", {}) == node_selector
+    assert required_expressions(pod) == ([expressions] if expressions else [])
+    assert gpu_resources(pod)["limits"] == {"nvidia.com/gpu": "1"}  # GKE serves MIG slices as nvidia.com/gpu
+
+
+@pytest.mark.parametrize("gpu, node_selector, resource", [
+    ({"product": "L4"}, {"karpenter.k8s.aws/instance-gpu-name": "l4"}, "nvidia.com/gpu"),
+    ({"product": "NVIDIA-A10G"}, {"karpenter.k8s.aws/instance-gpu-name": "a10g"}, "nvidia.com/gpu"),
+    ({"product": "H100"}, {"karpenter.k8s.aws/instance-gpu-name": "h100"}, "nvidia.com/gpu"),
+    # a100 is the p4d's 40 GB card and the p4de's 80 GB one: the per-GPU memory label picks the 80 GB
+    ({"product": "A100-80GB"}, {"karpenter.k8s.aws/instance-gpu-name": "a100",
+                                "karpenter.k8s.aws/instance-gpu-memory": "81920"}, "nvidia.com/gpu"),
+    ({"product": "A100-80GB", "migProfile": "1g.10gb"}, {"karpenter.k8s.aws/instance-gpu-name": "a100",
+                                                         "karpenter.k8s.aws/instance-gpu-memory": "81920"},
+     "nvidia.com/mig-1g.10gb"),
+])
+def test_karpenter_label_convention(gpu, node_selector, resource):
+    pod = gpu_pod(labelConvention="Karpenter", **gpu)
+    assert pod["nodeSelector"] == node_selector
+    assert gpu_resources(pod)["limits"] == {resource: "1"}
+
+
+def test_karpenter_a100_family_plans_for_the_40gb_card():
+    plan = plan_spec(gpu={"count": 1, "product": "A100", "labelConvention": "Karpenter"})
+    assert builders.pod_template(plan)["spec"]["nodeSelector"] == {"karpenter.k8s.aws/instance-gpu-name": "a100"}
+    assert plan.gpu_memory == catalog.lookup_gpu("NVIDIA-A100-SXM4-40GB").memory_bytes
+
+
+@pytest.mark.parametrize("gpu, field, needle", [
+    ({"product": "RTX-A6000", "labelConvention": "GKE"}, "spec.gpu.labelConvention", "NVIDIA-L4"),
+    ({"product": "L4-SHARED", "labelConvention": "Karpenter"}, "spec.gpu.product", "-SHARED"),
+    ({"product": "H100x"}, "spec.gpu.product", "did you mean H100"),
+    ({"product": "L4-SHARED", "count": 2}, "spec.gpu.count", "shares of one GPU"),
+    ({"product": "H100", "migProfile": "1g.10gb", "count": 2}, "spec.gpu.count", "MIG"),
+    ({"product": "L4", "migProfile": "1g.10gb"}, "spec.gpu.migProfile", "no MIG profiles for NVIDIA-L4"),
+])
+def test_gpu_selections_that_cannot_schedule_are_refused(gpu, field, needle):
+    spec = api.VLLMServerSpec.model_validate({"model": {"name": "meta-llama/Llama-3.2-3B-Instruct"}, "ipc": "Host",
+                                              "gpu": {"count": 1, **gpu}})
+    plan = pipeline.plan_server("srv", "ns1", spec)
+    assert any(p.field == field and needle in p.message for p in plan.problems), plan.problems
+
+
+def test_node_requirements_text():
+    pod = gpu_pod(product="H100", labelConvention="GFD")
+    assert builders.node_requirements_text(pod) == \
+        "nvidia.com/gpu.product in (NVIDIA-H100-80GB-HBM3, NVIDIA-H100-PCIe, NVIDIA-H100-NVL)"
+    assert builders.node_requirements_text(gpu_pod(product="L4")) == "nvidia.com/gpu.product=NVIDIA-L4"
 
 
 def test_shared_memory(example):

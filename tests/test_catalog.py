@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import re
 import json
 import subprocess
 import sys
@@ -14,9 +15,14 @@ import pytest
 import yaml
 from importlib import resources
 
+from vllm_operator import api
 from vllm_operator.api import ModelSpec
 from vllm_operator.catalog import (
     GPUInfo,
+    gpu_families,
+    match_gpu,
+    mig_profiles,
+    near_gpu_names,
     ResolvedModel,
     UnknownModelError,
     architecture_from_config,
@@ -42,12 +48,34 @@ MULTIMODAL = {
 }
 RAW_MODELS = yaml.safe_load(resources.files("vllm_operator.catalog").joinpath("models.yaml").read_text())["models"]
 RAW_GPUS = yaml.safe_load(resources.files("vllm_operator.catalog").joinpath("gpus.yaml").read_text())["gpus"]
+RAW_GPU = {entry["product"]: entry for entry in RAW_GPUS}
 
 
 # --------------------------------------------------------------------------- data
 def test_catalog_sizes():
     assert len(known_models()) >= 30
-    assert len(known_gpus()) >= 18
+    assert len(known_gpus()) >= 35
+
+
+#: Today's data-center and workstation GPUs, by the name their CUDA device reports (GFD's label is this
+#: with spaces as dashes).
+EXPECTED_GPUS = [
+    "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200", "NVIDIA H200 NVL",
+    "NVIDIA B200", "NVIDIA GB200", "NVIDIA H20", "NVIDIA GH200 480GB", "NVIDIA L40", "NVIDIA L40S", "NVIDIA L4",
+    "NVIDIA A10", "NVIDIA A10G", "NVIDIA A30", "NVIDIA A40", "NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB",
+    "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB",
+    "Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB", "Tesla T4", "NVIDIA RTX 6000 Ada Generation",
+    "NVIDIA RTX A6000", "NVIDIA RTX A2000", "NVIDIA RTX A2000 12GB",
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+]
+
+
+@pytest.mark.parametrize("device_name", EXPECTED_GPUS)
+def test_catalog_covers_todays_gpus_by_their_gfd_label(device_name):
+    label = device_name.replace(" ", "-")  # what GPU feature discovery puts in nvidia.com/gpu.product
+    gpu = lookup_gpu(label)
+    assert gpu is not None and gpu.product == label
 
 
 @pytest.mark.parametrize("model_id", sorted(RAW_MODELS))
@@ -91,7 +119,9 @@ def test_shapes_that_are_not_hidden_over_heads():
 @pytest.mark.parametrize("gpu", known_gpus(), ids=lambda g: g.product)
 def test_every_gpu_has_memory_source_and_capability(gpu: GPUInfo):
     assert gpu.memory_bytes >= 4 * 2**30
-    assert gpu.source.startswith("https://")
+    # A vendor document by name, and its address where it has a public one (else device logs stand in).
+    document, _, url = gpu.source.partition(", https://")
+    assert document[:1].isupper() and (url or RAW_GPU[gpu.product].get("memory_evidence")), gpu.source
     major, minor = (int(x) for x in gpu.compute_capability.split("."))
     assert gpu.supports_fp8 == ((major, minor) >= (8, 9))
     assert gpu.memory_bandwidth_gbps and gpu.memory_bandwidth_gbps > 0
@@ -139,6 +169,12 @@ def test_lookup_model_unknown_and_other_org():
     ("NVIDIA-A10G", "NVIDIA-A10G", 22.06),
     ("NVIDIA-A10", "NVIDIA-A10", 22.18),
     ("NVIDIA-L40S", "NVIDIA-L40S", 44.52),
+    ("NVIDIA-L40", "NVIDIA-L40", 44.52),  # was the marketed 48 GiB; nvidia-smi shows the L40S's 46068 MiB
+    ("NVIDIA-A40", "NVIDIA-A40", 44.35),
+    ("Tesla-V100-SXM2-16GB", "Tesla-V100-SXM2-16GB", 15.75),
+    ("NVIDIA-H20", "NVIDIA-H20", 95.00),
+    ("NVIDIA-RTX-6000-Ada-Generation", "NVIDIA-RTX-6000-Ada-Generation", 47.48),
+    ("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", 94.97),
 ])
 def test_lookup_gpu_by_gfd_label(label, product, gib):
     gpu = lookup_gpu(label)
@@ -146,10 +182,103 @@ def test_lookup_gpu_by_gfd_label(label, product, gib):
     assert gpu.memory_bytes / 2**30 == pytest.approx(gib, abs=0.01)
 
 
-def test_lookup_gpu_unknown_and_mig():
-    assert lookup_gpu("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb") is None
+def test_lookup_gpu_unknown_family_and_mig():
+    assert lookup_gpu("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb") is None  # a slice, not a GPU: see match_gpu
+    assert lookup_gpu("H100") is None  # three products: see match_gpu
     assert lookup_gpu("AMD-MI300X") is None
     assert lookup_gpu("") is None
+
+
+@pytest.mark.parametrize("gpu", known_gpus(), ids=lambda g: g.product)
+def test_every_product_is_a_label_value_gfd_can_write(gpu: GPUInfo):
+    # GFD writes the NVML name with spaces as dashes, and appends -SHARED on shared GPUs: both must stay
+    # valid label values (at most 63 characters), or no node selector could name them.
+    assert " " not in gpu.product
+    for value in (gpu.product, gpu.product + "-SHARED", *gpu.gke, *([gpu.karpenter] if gpu.karpenter else [])):
+        assert len(value) <= 63 and re.fullmatch(api.LABEL_VALUE_PATTERN, value), value
+    for profile, memory in gpu.mig:
+        assert re.fullmatch(r"[1-8]g\.[0-9]+gb", profile) and 4 * 2**30 <= memory <= gpu.memory_bytes
+
+
+@pytest.mark.parametrize("name, products, shared", [
+    ("L4", ["NVIDIA-L4"], False),
+    ("l4", ["NVIDIA-L4"], False),
+    ("NVIDIA-L4", ["NVIDIA-L4"], False),
+    ("NVIDIA L4", ["NVIDIA-L4"], False),
+    ("nvidia-l4-shared", ["NVIDIA-L4"], True),
+    ("NVIDIA-A100-SXM4-80GB-SHARED", ["NVIDIA-A100-SXM4-80GB"], True),
+    ("A100-80GB", ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"], False),
+    ("a100 80gb", ["NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"], False),
+    ("H100", ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe", "NVIDIA-H100-NVL"], False),
+    ("h100-sxm", ["NVIDIA-H100-80GB-HBM3"], False),
+    ("NVIDIA-H200", ["NVIDIA-H200"], False),  # the exact GFD label is that product ...
+    ("H200", ["NVIDIA-H200", "NVIDIA-H200-NVL"], False),  # ... the bare name the family
+    ("L40-S", ["NVIDIA-L40S"], False),
+    ("nvidia-tesla-a100", ["NVIDIA-A100-SXM4-40GB"], False),  # a GKE accelerator name
+    ("rtx-pro-6000", ["NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+                      "NVIDIA-RTX-PRO-6000-Blackwell-Workstation-Edition",
+                      "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edition"], False),
+])
+def test_match_gpu_alias_forms(name, products, shared):
+    match = match_gpu(name)
+    assert match is not None and [g.product for g in match.products] == products
+    assert match.shared is shared and match.mig_profile is None
+    assert (match.family is not None) is (len(products) > 1)
+
+
+def test_match_gpu_reads_gfd_mig_single_strategy_label():
+    match = match_gpu("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
+    assert [g.product for g in match.products] == ["NVIDIA-A100-SXM4-40GB"] and match.mig_profile == "1g.5gb"
+    assert match.products[0].mig_memory("1g.5gb") == 4864 * 2**20  # nvidia-smi mig -lgip: 4.75 GiB
+
+
+def test_karpenter_names_by_convention():
+    # Karpenter's a100 is the p4d (40 GB) and the p4de (80 GB): its per-GPU memory label tells them apart.
+    match = match_gpu("a100", "Karpenter")
+    assert {g.product for g in match.products} == {"NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-SXM4-80GB"}
+    assert {g.karpenter_memory_mib for g in match.products} == {40960, 81920}
+    assert match_gpu("a10g", "Karpenter").products[0].product == "NVIDIA-A10G"
+
+
+def test_gke_accelerator_names_are_one_product_each():
+    seen: dict[str, str] = {}
+    for gpu in known_gpus():
+        for value in gpu.gke:
+            assert seen.setdefault(value, gpu.product) == gpu.product, value
+    assert set(seen) >= {"nvidia-l4", "nvidia-tesla-t4", "nvidia-tesla-a100", "nvidia-a100-80gb", "nvidia-h100-80gb",
+                         "nvidia-h200-141gb", "nvidia-b200"}
+
+
+def test_families_name_two_or_more_products_and_never_an_alias():
+    for family, products in gpu_families().items():
+        assert len(products) >= 2
+        assert match_gpu(family).products == products
+        assert all(family.lower() not in [a.lower() for a in g.aliases] for g in products)
+
+
+def test_mig_profiles_of_a100_and_h100():
+    profiles = mig_profiles()
+    assert {"1g.5gb", "1g.10gb", "3g.40gb", "7g.80gb"} <= set(profiles)
+    assert {g.product for g in profiles["1g.5gb"]} == {"NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"}
+    h100 = lookup_gpu("NVIDIA-H100-80GB-HBM3")
+    assert h100.mig_memory("3g.40gb") == int(39.50 * 1024) * 2**20
+    assert h100.mig_memory("7g.80gb") == h100.memory_bytes  # the table's 79.25 GiB is capped at the whole GPU
+
+
+@pytest.mark.parametrize("name, first", [
+    ("H100x", "H100"),
+    ("NVIDIA-H100-SXM5-94GB", "H100"),
+    ("NVIDIA-L4O", "NVIDIA-L4"),
+    ("A10OG", "NVIDIA-A10G"),
+    ("h100-pcie-x", "H100"),
+])
+def test_near_gpu_names(name, first):
+    assert match_gpu(name) is None
+    assert near_gpu_names(name)[0] == first
+
+
+def test_near_gpu_names_leaves_other_vendors_alone():
+    assert near_gpu_names("AMD-MI300X-192GB") == []
 
 
 def test_fp8_support_follows_architecture():

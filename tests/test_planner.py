@@ -562,9 +562,97 @@ def test_plan_status_shape():
     assert any(n.startswith("--max-model-len 8192") for n in status.notes)
 
 
+# --------------------------------------------------------------------------- which GPU the plan is for
+@pytest.mark.parametrize("written", ["L4", "l4", "NVIDIA-L4", "nvidia l4", "nvidia-l4-shared"])
+def test_aliases_plan_like_the_canonical_product(written):
+    canonical = plan_for(LLAMA_8B, gpu={"product": "NVIDIA-L4"})
+    plan = plan_for(LLAMA_8B, gpu={"product": written})
+    assert plan.fits, plan.problems
+    assert plan.gpu_memory == catalog.lookup_gpu("NVIDIA-L4").memory_bytes == canonical.gpu_memory
+    assert plan.args == canonical.args
+
+
+@pytest.mark.parametrize("family, smallest", [
+    ("H100", "NVIDIA-H100-PCIe"),  # 79.11 GiB, against the SXM's 79.18 and the NVL's 93.10
+    ("A100-80GB", "NVIDIA-A100-SXM4-80GB"),
+    ("A100", "NVIDIA-A100-PCIE-40GB"),
+    ("V100", "Tesla-V100-SXM2-16GB"),
+    ("H200", "NVIDIA-H200"),
+])
+def test_a_family_plans_with_its_smallest_member(family, smallest):
+    plan = plan_for(LLAMA_8B, gpu={"product": family})
+    assert plan.gpu_memory == catalog.lookup_gpu(smallest).memory_bytes
+    assert smallest in plan.gpu_source
+    assert any(n.startswith(f"gpu.product {family} selects any of") for n in plan.notes), plan.notes
+
+
+def test_an_a100_family_keeps_vllms_small_gpu_batch_defaults():
+    # vLLM's 1024/8192 defaults are for >= 70 GiB GPUs that are not A100s: any A100 in the family counts.
+    plan = plan_for(LLAMA_8B, gpu={"product": "A100-80GB"}, workloadProfile={"priority": "balanced"})
+    assert arg_value(plan.args, "--max-num-seqs") == "256"
+
+
+def test_mig_slice_plans_with_the_slice_memory():
+    plan = plan_for(LLAMA_8B, gpu={"product": "A100-80GB", "migProfile": "3g.40gb"})
+    assert plan.fits, plan.problems
+    assert plan.gpu_memory == int(39.25 * 1024) * 2**20
+    assert plan.gpu.resource == "nvidia.com/mig-3g.40gb"
+    assert arg_value(plan.args, "--tensor-parallel-size") == "1"
+
+
+def test_mig_slices_cannot_be_tensor_parallel():
+    plan = plan_for(LLAMA_8B, gpu={"product": "H100", "migProfile": "3g.40gb", "count": 2}, ipc="Host")
+    [msg] = messages(plan, "spec.gpu.count")
+    assert "MIG" in msg and "count: 1" in msg
+
+
+def test_mig_profile_the_gpu_does_not_have():
+    plan = plan_for(LLAMA_8B, gpu={"product": "NVIDIA-H100-80GB-HBM3", "migProfile": "1g.5gb"})
+    [msg] = messages(plan, "spec.gpu.migProfile")
+    assert "1g.10gb" in msg and "7g.80gb" in msg  # the profiles it does have
+
+
+@pytest.mark.parametrize("written, suggestion, example", [
+    ("H100x", "H100", "79Gi"),
+    ("NVIDIA-H100-SXM5-94GB", "H100", "93Gi"),
+    ("NVIDIA-L4O", "NVIDIA-L4", "22Gi"),
+])
+def test_unknown_product_gets_near_matches_and_a_memory_example_of_its_family(written, suggestion, example):
+    plan = plan_for(LLAMA_8B, gpu={"product": written})
+    [msg] = messages(plan, "spec.gpu.product")
+    assert f"did you mean {suggestion}" in msg and f"for example {example}" in msg
+    assert not messages(plan, "spec.gpu.memory")  # one problem, on the field to fix first
+
+
+def test_unknown_product_with_memory_is_selected_as_written():
+    plan = plan_for(LLAMA_8B, gpu={"product": "NVIDIA-H100-SXM5-94GB", "memory": "92Gi"})
+    assert plan.fits, plan.problems
+    assert plan.gpu_memory == 92 * GiB
+    assert [(r.key, r.values) for r in plan.gpu.requirements] == [
+        ("nvidia.com/gpu.product", ("NVIDIA-H100-SXM5-94GB",))]
+
+
+def test_no_product_needs_memory():
+    plan = plan_for(LLAMA_8B, gpu={"count": 1})
+    [msg] = messages(plan, "spec.gpu.memory")
+    assert "24Gi" in msg
+
+
+def test_memory_above_the_catalogs_is_noted():
+    plan = plan_for(LLAMA_8B, gpu={"product": "L4", "memory": "24Gi"})
+    assert plan.gpu_memory == 24 * GiB
+    assert any("gpu.memory 24Gi is more than the catalog NVIDIA-L4: 22.49 GiB" in n for n in plan.notes), plan.notes
+
+
+def test_gpu_resources_in_spec_resources_are_refused():
+    plan = plan_for(LLAMA_8B, resources={"limits": {"nvidia.com/mig-1g.10gb": "1"}})
+    [msg] = messages(plan, "spec.resources")
+    assert "nvidia.com/mig-1g.10gb comes from spec.gpu" in msg
+
+
 # --------------------------------------------------------------------------- the planner never raises
 MODELS = catalog.known_models()
-GPU_PRODUCTS = [g.product for g in catalog.known_gpus()]
+GPU_PRODUCTS = [g.product for g in catalog.known_gpus()] + list(catalog.gpu_families()) + ["l4", "nvidia-l4-shared"]
 GOOD_EXTRA_ARGS = [[], ["--seed", "3"], ["--max-logprobs=5"], ["--disable-log-stats"]]
 EXTRA_ARGS = GOOD_EXTRA_ARGS + [["--foo"], ["--swap-space", "4"], ["--max-model-len", "4096"],
                                 ["--scheduling-policy", "fifo"]]
@@ -594,6 +682,8 @@ def random_specs(draw) -> dict:
     gpu = _drop_none({
         "count": count,
         "product": draw(_optional(st.sampled_from(GPU_PRODUCTS + ["NVIDIA-Unknown-9000"]), 1)),
+        "migProfile": draw(_optional(st.sampled_from(list(catalog.mig_profiles()) + ["2g.99gb"]), 6)),
+        "labelConvention": draw(_optional(st.sampled_from(["GFD", "GKE", "Karpenter"]), 3)),
         "memory": draw(_optional(st.integers(1 if wild else 16, 200).map(lambda n: f"{n}Gi"))),
         "reservedMemory": draw(_optional(st.sampled_from(["0", "256Mi", "1.2Gi", "4Gi", "100Gi"] if wild
                                                          else ["0", "256Mi", "1.2Gi"]), 3)),
@@ -676,3 +766,10 @@ def test_planner_never_raises(raw):
     # The flag carries exactly the utilization the memory was planned with (no rounding either way).
     assert float(arg_value(plan.args, "--gpu-memory-utilization")) == plan.gpu_memory_utilization
     assert math.isfinite(plan.max_concurrency) and plan.max_concurrency > 0
+    # A fitting plan can be scheduled: a MIG slice is one device, and what the pod selects was planned for.
+    assert not spec.gpu.mig_profile or (spec.gpu.count == 1 and plan.gpu.resource != "nvidia.com/gpu"
+                                        or spec.gpu.label_convention == "GKE")
+    if spec.gpu.memory is None:  # planned for the smallest GPU (or slice) the pod can land on
+        mig = plan.gpu.mig_profile
+        sizes = [g.mig_memory(mig) if mig else g.memory_bytes for g in plan.gpu.products]
+        assert plan.gpu_memory == min(size for size in sizes if size is not None)

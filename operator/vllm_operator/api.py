@@ -280,9 +280,21 @@ class GPUSpec(_Model):
     """The NVIDIA GPUs each server gets."""
 
     count: int = Field(1, ge=1, le=64)
-    """GPUs per server (nvidia.com/gpu); also the tensor-parallel size."""
+    """GPUs per server (nvidia.com/gpu); also the tensor-parallel size. 1 with migProfile."""
     product: Optional[str] = Field(None, min_length=1, max_length=128)
-    """GPU product as the NVIDIA GPU feature discovery labels it (nvidia.com/gpu.product), e.g. NVIDIA-L4."""
+    """GPU product: a GPU feature discovery label (nvidia.com/gpu.product, e.g. NVIDIA-L4, with GFD's -SHARED
+    or -MIG-<profile> suffix where the nodes have one), an alias (L4, A100-80GB; any case) or a family (H100:
+    any of its variants, planned for the one with the least memory). The pod selects the exact label value(s)
+    of labelConvention; a product the catalog does not know is selected as written and needs gpu.memory."""
+    mig_profile: Optional[str] = Field(None, alias="migProfile", max_length=32, pattern=r"^[1-8]g\.[0-9]+gb$")
+    """A MIG slice instead of a whole GPU, e.g. 1g.10gb or 3g.40gb: the pod requests nvidia.com/mig-<profile>
+    (the NVIDIA device plugin's mixed strategy; with labelConvention GKE, nvidia.com/gpu on nodes of that
+    partition size) and is planned with the slice's memory. One slice per server: count must be 1, vLLM
+    cannot run tensor parallelism across MIG slices."""
+    label_convention: Literal["GFD", "GKE", "Karpenter"] = Field("GFD", alias="labelConvention")
+    """The node label that selects the product: GFD (nvidia.com/gpu.product, from NVIDIA GPU feature
+    discovery), GKE (cloud.google.com/gke-accelerator, also what node auto-provisioning reads) or Karpenter
+    (karpenter.k8s.aws/instance-gpu-name on EKS, what Karpenter provisions nodes by)."""
     memory: Optional[ByteSize] = None
     """Memory of one GPU (e.g. 24Gi or 23.58Gi); overrides the catalog's figure for the product."""
     reserved_memory: ByteSize = Field("0", alias="reservedMemory")

@@ -6,10 +6,11 @@ sent as a server-side apply patch), with the shared labels and owner reference.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Optional
 
-from . import api
+from . import api, gpus
 from .planner import GiB, Plan
 
 PORT = 8000
@@ -20,8 +21,8 @@ HF_HOME = f"{CACHE_MOUNT}/huggingface"
 #: Triton and FlashInfer keep caches and settings under ~/.cache and ~/.config).
 HOME = "/home/vllm"
 PRESTOP_SECONDS = 10
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_RESOURCE = gpus.GPU_RESOURCE
+GPU_PRODUCT_LABEL = gpus.GFD_PRODUCT_LABEL
 MANAGED_BY = "vllm-operator"
 SERVER_LABEL = f"{api.GROUP}/server"
 
@@ -88,9 +89,9 @@ def _probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any
 
 def container_resources(plan: Plan) -> dict[str, Any]:
     spec = plan.spec
-    gpus = str(spec.gpu.count)
-    requests = {"cpu": str(plan.cpu_request), "memory": quantity(plan.host_memory_bytes), GPU_RESOURCE: gpus}
-    limits = {"memory": quantity(plan.host_memory_bytes + plan.shm_bytes), GPU_RESOURCE: gpus}
+    count, resource = str(spec.gpu.count), plan.gpu.resource  # nvidia.com/gpu, or nvidia.com/mig-<profile>
+    requests = {"cpu": str(plan.cpu_request), "memory": quantity(plan.host_memory_bytes), resource: count}
+    limits = {"memory": quantity(plan.host_memory_bytes + plan.shm_bytes), resource: count}
     requests.update(spec.resources.requests)
     limits.update(spec.resources.limits)
     # The API server refuses a request above its limit. Where only one side was set in the spec, the derived
@@ -126,6 +127,48 @@ def pod_security_context(spec: api.VLLMServerSpec) -> dict[str, Any]:
     uid = spec.run_as_user
     return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
             "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def node_placement(plan: Plan) -> tuple[dict[str, str], Optional[dict[str, Any]]]:
+    """The pod's nodeSelector and affinity: the spec's own, plus the GPU's node requirements.
+
+    A requirement with one value goes into the nodeSelector; one with several (gpu.product: H100 is any of
+    three products) into node affinity as `In`, added to every required term of the spec's affinity (terms
+    are ORed, so each must carry it). A key the spec's nodeSelector already sets is left to the spec.
+    """
+    spec = plan.spec
+    node_selector = dict(spec.node_selector)
+    expressions = []
+    for requirement in plan.gpu.requirements:
+        if requirement.key in node_selector:
+            continue
+        if len(requirement.values) == 1:
+            node_selector[requirement.key] = requirement.values[0]
+        else:
+            expressions.append({"key": requirement.key, "operator": "In", "values": list(requirement.values)})
+    affinity = copy.deepcopy(spec.affinity) if spec.affinity else None
+    if expressions:
+        affinity = affinity or {}
+        required = affinity.setdefault("nodeAffinity", {}).setdefault(
+            "requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = required.setdefault("nodeSelectorTerms", [])
+        if not terms:
+            terms.append({})
+        for term in terms:
+            term["matchExpressions"] = list(term.get("matchExpressions") or []) + copy.deepcopy(expressions)
+    return node_selector, affinity
+
+
+def node_requirements_text(pod_spec: dict[str, Any]) -> str:
+    """A pod's nodeSelector and required node affinity `In` expressions, for messages: k=v, k in (a, b)."""
+    parts = [f"{k}={v}" for k, v in sorted((pod_spec.get("nodeSelector") or {}).items())]
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    for term in required.get("nodeSelectorTerms") or []:
+        for e in term.get("matchExpressions") or []:
+            if e.get("operator") == "In":
+                parts.append(f"{e['key']} in ({', '.join(e.get('values') or [])})")
+    return ", ".join(dict.fromkeys(parts))
 
 
 def pod_template(plan: Plan) -> dict[str, Any]:
@@ -166,9 +209,7 @@ def pod_template(plan: Plan) -> dict[str, Any]:
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
 
-    node_selector = dict(spec.node_selector)
-    if spec.gpu.product and GPU_PRODUCT_LABEL not in node_selector:
-        node_selector[GPU_PRODUCT_LABEL] = spec.gpu.product
+    node_selector, affinity = node_placement(plan)
     tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
 
@@ -191,8 +232,8 @@ def pod_template(plan: Plan) -> dict[str, Any]:
     if spec.host_network:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    if spec.affinity:
-        pod_spec["affinity"] = spec.affinity
+    if affinity:
+        pod_spec["affinity"] = affinity
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.priority_class_name:

@@ -57,7 +57,7 @@ def memory_bar(plan: Plan) -> str:
 def render_table(plan: Plan, out: TextIO) -> None:
     spec = plan.spec
     w = out.write
-    gpu_name = spec.gpu.product or "GPU"
+    gpu_name = plan.gpu.description
     w(f"{plan.namespace}/{plan.name}: {spec.model.name} on {spec.gpu.count} x {gpu_name}")
     if plan.gpu_memory:
         w(f" ({plan.gpu_memory / GiB:.2f} GiB each)")

@@ -189,8 +189,7 @@ def plan_server(
         # an explicitly named config.json that cannot be read: the field that named it is at fault
         model, model_error = None, str(exc)
         model_error_field = "spec.model.configURL" if spec.model.config_url else "spec.model.name"
-    gpu = catalog.lookup_gpu(spec.gpu.product) if spec.gpu.product else None
-    plan = planner.plan(name, namespace, spec, model, gpu, model_error=model_error, model_error_field=model_error_field,
+    plan = planner.plan(name, namespace, spec, model, model_error=model_error, model_error_field=model_error_field,
                         default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args)
     if model is not None and base is not None and spec.model.quantization == "none":
         plan.notes.append(f"{spec.model.name} looks like a quantized checkpoint of {base}, but model.quantization is "

@@ -22,7 +22,8 @@ from typing import Any, Optional
 from . import api, vllm_flags
 from .api import VLLMServerSpec, parse_quantity
 from .autoscaler.policy import TOLERANCE
-from .catalog import GPUInfo, ResolvedModel
+from .catalog import ResolvedModel
+from .gpus import GPUSelection, select_gpu
 
 GiB = 2**30
 MiB = 2**20
@@ -222,6 +223,8 @@ class Plan:
     namespace: str
     spec: VLLMServerSpec
     model: Optional[ResolvedModel] = None
+    gpu: GPUSelection = field(default_factory=GPUSelection)
+    """spec.gpu resolved: the node requirements, the resource to request, the GPUs the pod can land on."""
     gpu_memory: Optional[int] = None
     gpu_source: str = ""
     tensor_parallel_size: int = 1
@@ -448,8 +451,10 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         add("spec.model.quantization", f"vLLM {vllm_flags.VERSION} has no quantization method "
             f"{spec.model.quantization!r} and would exit at start: "
             f"{UNSUPPORTED_QUANTIZATION[spec.model.quantization]}")
-    if "nvidia.com/gpu" in spec.resources.requests or "nvidia.com/gpu" in spec.resources.limits:
-        add("spec.resources", "nvidia.com/gpu comes from spec.gpu.count; remove it from resources")
+    gpu_resources = {k for k in [*spec.resources.requests, *spec.resources.limits]
+                     if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-")}
+    for key in sorted(gpu_resources):
+        add("spec.resources", f"{key} comes from spec.gpu (count, migProfile); remove it from resources")
     sizes = [("spec.gpu.memory", spec.gpu.memory), ("spec.gpu.reservedMemory", spec.gpu.reserved_memory),
              ("spec.shmSize", spec.shm_size), ("spec.cache.size", spec.cache.size if spec.cache else None)]
     sizes += [(f"spec.resources.{side}.{k}", v) for side, values in (("requests", spec.resources.requests),
@@ -562,12 +567,11 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False) -> list[Probl
 
 
 # --------------------------------------------------------------------------- planning
-def resolve_gpu_memory(spec: VLLMServerSpec, gpu: Optional[GPUInfo]) -> tuple[Optional[int], str]:
+def resolve_gpu_memory(spec: VLLMServerSpec, gpu: GPUSelection) -> tuple[Optional[int], str]:
+    """One GPU's (or MIG slice's) memory: gpu.memory, else the smallest the selected nodes can have."""
     if spec.gpu.memory is not None:
         return int(parse_quantity(spec.gpu.memory)), f"spec.gpu.memory {spec.gpu.memory}"
-    if gpu is not None:
-        return gpu.memory_bytes, f"catalog {gpu.product} ({gpu.source})"
-    return None, ""
+    return gpu.memory_bytes, gpu.memory_source
 
 
 def plan(
@@ -575,7 +579,7 @@ def plan(
     namespace: str,
     spec: VLLMServerSpec,
     model: Optional[ResolvedModel],
-    gpu: Optional[GPUInfo] = None,
+    gpu: Optional[GPUSelection] = None,
     *,
     model_error: Optional[str] = None,
     model_error_field: str = "spec.model.architecture",
@@ -584,6 +588,7 @@ def plan(
 ) -> Plan:
     """Derive the vLLM args and estimates for one server. Pure; never raises on bad input.
 
+    `gpu`: spec.gpu resolved by gpus.select_gpu (resolved here when not given).
     `allow_unsafe_args`: the VLLMServer carries api.ALLOW_UNSAFE_ARGS_ANNOTATION, so extraArgs may set
     --host/--port (the container port then follows --port)."""
     p = Plan(name=name, namespace=namespace, spec=spec, model=model,
@@ -593,10 +598,10 @@ def plan(
     if allow_unsafe_args:
         unsafe_overrides(p)
     tp = p.tensor_parallel_size = spec.gpu.count
-    p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, gpu)
-    if p.gpu_memory is None:
-        what = f"gpu.product {spec.gpu.product!r} is not in the catalog" if spec.gpu.product else "no gpu.product"
-        p.problem("spec.gpu.memory", f"{what}; set gpu.memory to one GPU's memory (for example 24Gi)")
+    p.gpu = gpu if gpu is not None else select_gpu(spec.gpu)
+    p.problems.extend(Problem(where, message) for where, message in p.gpu.problems)
+    p.notes.extend(p.gpu.notes)
+    p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, p.gpu)
     if model is None:
         p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}")
     if p.gpu_memory is not None and p.gpu_memory < GiB:
@@ -651,7 +656,7 @@ def plan(
     weights = math.ceil(p.weight_bytes_total / tp) + rotary_cache_bytes(arch, elem)
 
     # ---- batch sizing (before activation: the profile run uses max_num_batched_tokens)
-    big_gpu = total >= 70 * GiB and not (gpu and "A100" in gpu.product.upper())
+    big_gpu = total >= 70 * GiB and not any("A100" in g.product.upper() for g in p.gpu.products)
     seqs_default, batched_default = (1024, 8192) if big_gpu else (256, 2048)
     if e.max_num_seqs is not None:
         seqs, seqs_why = e.max_num_seqs, "pinned by engine.maxNumSeqs"

@@ -378,10 +378,9 @@ class Reconciler:
             # A DaemonSet's count is the nodes it matches: zero is not a choice but a cluster that has
             # no such node (a GPU product label that no node carries, a taint not tolerated).
             if progress["settled"]:
-                selector = (workload["spec"]["template"]["spec"].get("nodeSelector") or {})
                 ready_c = ("False", "NoMatchingNodes",
                            "the DaemonSet runs on no node: no schedulable node matches its node selector "
-                           + (", ".join(f"{k}={v}" for k, v in sorted(selector.items())) or "(none)")
+                           + (builders.node_requirements_text(workload["spec"]["template"]["spec"]) or "(none)")
                            + " and tolerates its taints (check spec.gpu.product, spec.nodeSelector, "
                            "spec.tolerations)")
             else:

@@ -12,10 +12,12 @@ touches the network at import time, and the YAML files are read once.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import http.client
 import json
 import os
+import re
 import socket
 import urllib.error
 import urllib.parse
@@ -30,15 +32,20 @@ from ..api import ModelArchitecture, ModelSpec
 
 __all__ = [
     "GPUInfo",
+    "GPUMatch",
     "ResolvedModel",
     "UnknownModelError",
     "architecture_from_config",
     "estimate_parameter_count",
     "fetch_config",
     "hf_config_url",
+    "gpu_families",
     "known_gpus",
     "known_models",
     "lookup_gpu",
+    "match_gpu",
+    "mig_profiles",
+    "near_gpu_names",
     "lookup_model",
     "resolve_model",
 ]
@@ -92,6 +99,40 @@ class GPUInfo:
     #: True when memory_bytes is the marketed size, not a figure a real device reported.
     memory_estimated: bool = False
     note: str = ""
+    aliases: tuple[str, ...] = ()
+    #: GKE's cloud.google.com/gke-accelerator values for this product (none: GKE does not offer it).
+    gke: tuple[str, ...] = ()
+    #: Karpenter's karpenter.k8s.aws/instance-gpu-name on EKS (None: no EC2 instance has it).
+    karpenter: Optional[str] = None
+    #: karpenter.k8s.aws/instance-gpu-memory, where two products share one Karpenter GPU name.
+    karpenter_memory_mib: Optional[int] = None
+    #: MIG profile -> the slice's memory in bytes (capped at memory_bytes).
+    mig: tuple[tuple[str, int], ...] = ()
+
+    def mig_memory(self, profile: str) -> Optional[int]:
+        """Memory of one MIG slice of this GPU, or None when the catalog has no such profile for it."""
+        return dict(self.mig).get(profile.lower())
+
+    def label_values(self, convention: str) -> tuple[str, ...]:
+        """This product's node label values under a label convention (GFD, GKE, Karpenter)."""
+        if convention == "GKE":
+            return self.gke
+        if convention == "Karpenter":
+            return (self.karpenter,) if self.karpenter else ()
+        return (self.product,)
+
+
+@dataclass(frozen=True)
+class GPUMatch:
+    """What a gpu.product value names: one catalog product, or a family of them, and GFD's suffixes."""
+
+    products: tuple[GPUInfo, ...]
+    #: The family name when the value named several products (H100), else None.
+    family: Optional[str] = None
+    #: GFD's -SHARED suffix: the node's GPUs are time-sliced or shared through MPS.
+    shared: bool = False
+    #: The MIG profile of GFD's -MIG-<profile> suffix (MIG "single" strategy), else None.
+    mig_profile: Optional[str] = None
 
 
 # --------------------------------------------------------------------------- data
@@ -430,64 +471,193 @@ def resolve_model(
 
 
 # --------------------------------------------------------------------------- GPUs
+#: The node label conventions a GPU can be selected by (spec.gpu.labelConvention).
+LABEL_CONVENTIONS: tuple[str, ...] = ("GFD", "GKE", "Karpenter")
 _GPU_PREFIXES = ("nvidia-", "tesla-", "geforce-")
+_SHARED_SUFFIX = "-shared"  # GFD's rename of nvidia.com/gpu.product under time-slicing or MPS
+_MIG_SUFFIX = re.compile(r"^(?P<gpu>.+)-mig-(?P<profile>[1-9]g\.[0-9]+gb)$")  # GFD's MIG "single" strategy
 
 
-def _gpu_key(product: str) -> str:
-    key = "-".join(product.strip().lower().replace("_", " ").split())
-    if key.endswith("-shared"):  # GFD's renamed resource under time-slicing
-        key = key[: -len("-shared")]
+def _gpu_words(name: str) -> str:
+    """Lower case, spaces and underscores as dashes: how GFD writes an NVML name, case aside."""
+    return "-".join(name.strip().lower().replace("_", " ").replace("-", " ").split())
+
+
+def _strip_prefixes(key: str) -> str:
     stripped = True
     while stripped:
         stripped = False
         for prefix in _GPU_PREFIXES:
-            if key.startswith(prefix):
+            if key.startswith(prefix) and len(key) > len(prefix):
                 key = key[len(prefix):]
                 stripped = True
     return key
 
 
+def _gpu_key(product: str) -> str:
+    """The lookup key of a product or alias: its words without vendor prefixes."""
+    return _strip_prefixes(_gpu_words(product))
+
+
+def _split_suffixes(name: str) -> tuple[str, bool, Optional[str]]:
+    """(words without GFD's suffixes, -SHARED seen, MIG profile of a -MIG-<profile> suffix)."""
+    words = _gpu_words(name)
+    shared = words.endswith(_SHARED_SUFFIX) and len(words) > len(_SHARED_SUFFIX)
+    if shared:
+        words = words[: -len(_SHARED_SUFFIX)]
+    mig = _MIG_SUFFIX.match(words)
+    if mig:
+        return mig.group("gpu"), shared, mig.group("profile")
+    return words, shared, None
+
+
+@dataclass(frozen=True)
+class _GPUIndex:
+    gpus: tuple[GPUInfo, ...]
+    by_key: dict[str, GPUInfo]  # product and alias keys
+    families: dict[str, tuple[str, tuple[GPUInfo, ...]]]  # key -> (name as written, products)
+    by_label: dict[str, dict[str, tuple[GPUInfo, ...]]]  # convention -> lower-cased label value -> products
+
+
+def _gpu_info(entry: dict[str, Any]) -> GPUInfo:
+    cc = str(entry["compute_capability"])
+    major, minor = (int(part) for part in cc.split("."))
+    memory = int(entry.get("memory_bytes") or int(entry["memory_mib"]) * 2**20)
+    mig = tuple(sorted((str(profile).lower(), min(memory, int(mib) * 2**20))
+                       for profile, mib in (entry.get("mig_mib") or {}).items()))
+    return GPUInfo(
+        product=entry["product"],
+        memory_bytes=memory,
+        compute_capability=cc,
+        supports_fp8=bool(entry.get("supports_fp8", (major, minor) >= (8, 9))),
+        memory_bandwidth_gbps=(float(entry["memory_bandwidth_gbps"])
+                               if entry.get("memory_bandwidth_gbps") is not None else None),
+        source=str(entry["source"]),
+        memory_estimated=bool(entry.get("memory_estimated", False)),
+        note=str(entry.get("note") or "").strip(),
+        aliases=tuple(str(a) for a in entry.get("aliases") or ()),
+        gke=tuple(str(v) for v in entry.get("gke") or ()),
+        karpenter=str(entry["karpenter"]) if entry.get("karpenter") else None,
+        karpenter_memory_mib=int(entry["karpenter_memory_mib"]) if entry.get("karpenter_memory_mib") else None,
+        mig=mig,
+    )
+
+
 @functools.cache
-def _gpu_index() -> tuple[tuple[GPUInfo, ...], dict[str, GPUInfo]]:
+def _gpu_index() -> _GPUIndex:
     data = _read_yaml("gpus.yaml") or {}
-    gpus: list[GPUInfo] = []
-    index: dict[str, GPUInfo] = {}
-    for entry in data.get("gpus") or []:
-        cc = str(entry["compute_capability"])
-        major, minor = (int(part) for part in cc.split("."))
-        memory = entry.get("memory_bytes") or int(entry["memory_mib"]) * 2**20
-        info = GPUInfo(
-            product=entry["product"],
-            memory_bytes=int(memory),
-            compute_capability=cc,
-            supports_fp8=bool(entry.get("supports_fp8", (major, minor) >= (8, 9))),
-            memory_bandwidth_gbps=(float(entry["memory_bandwidth_gbps"])
-                                   if entry.get("memory_bandwidth_gbps") is not None else None),
-            source=str(entry["source"]),
-            memory_estimated=bool(entry.get("memory_estimated", False)),
-            note=str(entry.get("note") or "").strip(),
-        )
-        gpus.append(info)
-        for name in [info.product, *(entry.get("aliases") or [])]:
-            key = _gpu_key(str(name))
-            if key in index and index[key] is not info:
-                raise ValueError(f"gpus.yaml: {name!r} names both {index[key].product} and {info.product}")
-            index[key] = info
-    return tuple(gpus), index
+    gpus = tuple(_gpu_info(entry) for entry in data.get("gpus") or [])
+    by_key: dict[str, GPUInfo] = {}
+    aliases: set[str] = set()
+    for info in gpus:
+        for name in (info.product, *info.aliases):
+            key = _gpu_key(name)
+            if key in by_key and by_key[key] is not info:
+                raise ValueError(f"gpus.yaml: {name!r} names both {by_key[key].product} and {info.product}")
+            by_key[key] = info
+            if name != info.product:
+                aliases.add(key)
+    by_product = {info.product: info for info in gpus}
+    families: dict[str, tuple[str, tuple[GPUInfo, ...]]] = {}
+    for family, members in (data.get("families") or {}).items():
+        key = _gpu_key(str(family))
+        # A family may share its key with a product (H200, NVIDIA-H200): the exact label means the product.
+        if key in aliases:
+            raise ValueError(f"gpus.yaml: family {family!r} is also an alias of {by_key[key].product}")
+        unknown = [m for m in members if m not in by_product]
+        if unknown or len(members) < 2:
+            raise ValueError(f"gpus.yaml: family {family!r} needs two or more catalog products (unknown: {unknown})")
+        families[key] = (str(family), tuple(by_product[m] for m in members))
+    by_label: dict[str, dict[str, tuple[GPUInfo, ...]]] = {"GFD": {_gpu_words(i.product): (i,) for i in gpus}}
+    for convention in ("GKE", "Karpenter"):
+        values: dict[str, tuple[GPUInfo, ...]] = {}
+        for info in gpus:
+            for value in info.label_values(convention):
+                values[value.lower()] = values.get(value.lower(), ()) + (info,)
+        by_label[convention] = values
+    return _GPUIndex(gpus, by_key, families, by_label)
+
+
+def match_gpu(name: str, convention: str = "GFD") -> Optional[GPUMatch]:
+    """What a gpu.product value names, or None when the catalog does not know it.
+
+    Accepted, case-insensitively, with spaces, dashes and underscores alike, in this order: a GFD
+    product label (NVIDIA-L4; NVIDIA-H200 is that product, H200 the family of it and the H200 NVL),
+    a value of the label convention in use (GKE's nvidia-tesla-a100, Karpenter's a10g), with any
+    convention a GKE accelerator name, a family (H100: every H100 product), an alias (L4), and last
+    any of these with the dashes left out (L40-S, RTX6000-Ada). GFD's "-SHARED" and
+    "-MIG-<profile>" suffixes are recognised and reported.
+    """
+    if not name or not name.strip():
+        return None
+    index = _gpu_index()
+    words, shared, mig = _split_suffixes(name)
+    for conv in dict.fromkeys(("GFD", convention, "GKE")):
+        products = index.by_label.get(conv, {}).get(words)
+        if products:
+            family = name.strip() if len(products) > 1 else None
+            return GPUMatch(products, family, shared, mig)
+    key = _strip_prefixes(words)
+    if key in index.families:
+        family, products = index.families[key]
+        return GPUMatch(products, family, shared, mig)
+    if key in index.by_key:
+        return GPUMatch((index.by_key[key],), None, shared, mig)
+    # Last, dashes ignored (L40-S, A100-80-GB, RTX6000-Ada), where that names one product or family.
+    compact = key.replace("-", "")
+    found = {(family, products) for k, (family, products) in index.families.items() if k.replace("-", "") == compact}
+    found |= {(None, (info,)) for k, info in index.by_key.items() if k.replace("-", "") == compact}
+    if len(found) == 1:
+        family, products = found.pop()
+        return GPUMatch(products, family, shared, mig)
+    return None
 
 
 def lookup_gpu(product: str) -> Optional[GPUInfo]:
-    """The catalog entry for a GPU product label (nvidia.com/gpu.product), or None.
+    """The catalog entry for one GPU product (nvidia.com/gpu.product value or alias), or None.
 
     Case-insensitive; spaces and dashes are interchangeable; "NVIDIA-", "Tesla-" and
-    "GeForce-" prefixes and GFD's "-SHARED" suffix are ignored. MIG slices are not GPUs
-    here and return None.
+    "GeForce-" prefixes and GFD's "-SHARED" suffix are ignored. A family (H100) and a MIG
+    slice (GFD's -MIG-1g.5gb) are not one GPU and return None: see match_gpu.
     """
-    if not product or not product.strip():
+    match = match_gpu(product)
+    if match is None or match.family is not None or match.mig_profile is not None:
         return None
-    return _gpu_index()[1].get(_gpu_key(product))
+    return match.products[0]
 
 
 def known_gpus() -> list[GPUInfo]:
     """Every GPU in the built-in catalog."""
-    return list(_gpu_index()[0])
+    return list(_gpu_index().gpus)
+
+
+def gpu_families() -> dict[str, tuple[GPUInfo, ...]]:
+    """Family name (as gpus.yaml writes it) -> the products it selects."""
+    return {name: products for name, products in _gpu_index().families.values()}
+
+
+def mig_profiles() -> dict[str, tuple[GPUInfo, ...]]:
+    """Every MIG profile the catalog knows -> the GPUs that have it."""
+    profiles: dict[str, tuple[GPUInfo, ...]] = {}
+    for info in _gpu_index().gpus:
+        for profile, _ in info.mig:
+            profiles[profile] = profiles.get(profile, ()) + (info,)
+    return dict(sorted(profiles.items()))
+
+
+def near_gpu_names(name: str, n: int = 3) -> list[str]:
+    """Catalog names close to an unknown gpu.product (difflib over products, aliases and families).
+
+    Each suggestion is what to write: a product's GFD label (also for an alias that matched) or a
+    family's name. A name that starts with a known family or product ("H100-SXM5-94GB") suggests it too.
+    """
+    index = _gpu_index()
+    words, _, _ = _split_suffixes(name)
+    key = _strip_prefixes(words)
+    shown: dict[str, str] = {k: info.product for k, info in index.by_key.items()}
+    shown.update({k: family for k, (family, _) in index.families.items()})
+    close = difflib.get_close_matches(key, list(shown), n=2 * n, cutoff=0.7)
+    head = key.split("-", 1)[0]
+    if head in shown and head != key:
+        close.insert(0, head)
+    return list(dict.fromkeys(shown[k] for k in close))[:n]
