@@ -239,6 +239,7 @@ def test_optional_monitors_and_argocd_configmap():
                       "operator": {"watchNamespaces": ["team-a"]}})
     (sm,) = by_kind(objects, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "prom" and sm["spec"]["endpoints"][0]["port"] == "http"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the servers' namespace label, not the operator's
     (svc,) = by_kind(objects, "Service")
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     (pm,) = by_kind(objects, "PodMonitor")
