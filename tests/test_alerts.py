@@ -262,6 +262,14 @@ def test_the_cases_fail_when_the_expression_is_wrong(groups, tmp_path, alert, re
     assert not ok, f"{alert}'s {breaks} case passes with expr {replacement!r}:\n{out}"
 
 
+def test_only_real_metric_names(groups):
+    from tests.test_dashboard import KNOWN_METRICS
+
+    for name, rule in rules_by_alert(groups).items():
+        unknown = monitoring.metric_names(rule["expr"]) - KNOWN_METRICS
+        assert not unknown, f"{name} reads metrics neither vLLM 0.32 nor the operator has: {unknown}"
+
+
 # --------------------------------------------------------------------------- values reach the rules
 def test_thresholds_durations_and_labels_come_from_the_values(tmp_path):
     values = {
