@@ -31,7 +31,7 @@ if ! command -v lua5.1 >/dev/null 2>&1; then
 fi
 
 if ! command -v prometheus >/dev/null 2>&1; then
-  step "prometheus (Debian's; the autoscaler's Prometheus source in tests)"
+  step "prometheus and promtool (Debian's; the autoscaler's Prometheus source, the alert and dashboard checks)"
   .venv/bin/python -m e2e.prometheus ensure >/dev/null
 fi
 

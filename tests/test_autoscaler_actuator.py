@@ -102,3 +102,50 @@ def test_a_statefulset_missing_from_the_cache_is_asked_for_at_most_every_30_seco
     clock[0] += 5
     assert scaler.tick(json.loads(json.dumps(body))).note != "the StatefulSet does not exist yet"
     assert kube.gets == 2  # the cache has it now
+
+
+class ScriptedSource:
+    """A metrics source answering each ready pod with the next scripted sample (waiting, or an error)."""
+
+    def __init__(self):
+        self.waiting: object = 0.0
+
+    def read(self, pods):
+        from vllm_operator.autoscaler.metrics import Sample
+
+        if isinstance(self.waiting, str):
+            return [Sample.failed(p.name, self.waiting) for p in pods]
+        return [Sample(p.name, waiting=self.waiting) for p in pods]
+
+
+def test_the_at_max_replicas_gauge_follows_the_decisions_and_survives_a_hold():
+    from vllm_operator import metrics
+
+    body = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())  # maxReplicas 4
+    body["metadata"] = {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "5"}
+    cache = EmptyCache()
+    cache.sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "spec": {"replicas": 4},
+                 "metadata": {"name": "s", "namespace": "ns", "ownerReferences": [{"uid": "u1", "controller": True}]}}
+    pods = [{"metadata": {"name": f"s-{i}", "namespace": "ns"}, "spec": {"containers": [{"name": "vllm"}]},
+             "status": {"podIP": f"10.0.0.{i}", "conditions": [{"type": "Ready", "status": "True"}]}}
+            for i in range(4)]
+    cache.pods = lambda namespace, name: pods
+    source = ScriptedSource()
+    clock = [1000.0]
+    scaler = actuator.Autoscaler(FakeKube(body), actuator.Sources(pods=source), "ns", "s", clock=lambda: clock[0],
+                                 objects=cache)
+
+    def tick(waiting):
+        source.waiting = waiting
+        clock[0] += 5
+        result = scaler.tick(json.loads(json.dumps(body)))
+        return result, metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas",
+                                                         {"namespace": "ns", "name": "s"})
+
+    result, gauge = tick(40.0)  # 160 waiting over 4 replicas, target 4: wants 40
+    assert result.decision.code == "AtLimit" and gauge == 1
+    result, gauge = tick("timed out")
+    assert result.decision.hold and gauge == 1  # a hold does not know better: keeps what was said
+    result, gauge = tick(4.0)
+    assert not result.decision.limited and gauge == 0
+    metrics.forget_autoscaler("ns", "s")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import urllib.error
 import urllib.request
@@ -48,6 +49,55 @@ def test_recording_functions_count():
     count = sample("vllm_operator_reconcile_duration_seconds_count", {})
     metrics.record_reconcile("unchanged", 0.02)
     assert sample("vllm_operator_reconcile_duration_seconds_count", {}) == count + 1
+
+
+def test_every_reconcile_result_is_a_series_before_it_happens():
+    body = metrics.generate_latest(metrics.REGISTRY).decode()
+    for result in metrics.RESULTS:
+        assert f'vllm_operator_reconciles_total{{result="{result}"}}' in body
+
+
+def test_server_gauges_follow_the_reconciles_and_go_with_the_server(monkeypatch):
+    from tests.test_argocd_health import NS, World
+    from vllm_operator import operator_main
+
+    world = World({"replicas": 2})
+    monkeypatch.setattr(operator_main.STATE, "reconciler", world.reconciler)
+    labels = {"namespace": NS, "name": "srv"}
+    log = logging.getLogger("test")
+
+    def gauges():
+        return tuple(metrics.REGISTRY.get_sample_value(f"vllm_operator_server_{g}", labels)
+                     for g in ("ready", "replicas", "ready_replicas"))
+
+    operator_main.reconcile(NS, "srv", log)
+    assert gauges() == (0, 2, 0)
+    world.workload_reports(ready=1)
+    operator_main.reconcile(NS, "srv", log)
+    assert gauges() == (0, 2, 1)  # PartiallyReady is not Ready
+    world.workload_reports(ready=2)
+    operator_main.reconcile(NS, "srv", log)
+    assert gauges() == (1, 2, 2)
+    del world.kube.objects[("VLLMServer", NS, "srv")]
+    operator_main.reconcile(NS, "srv", log)
+    assert gauges() == (None, None, None)
+
+
+def test_at_max_replicas_gauge_mirrors_the_autoscaling_limited_condition():
+    from vllm_operator.autoscaler import actuator, policy
+
+    at_max = policy.Decision(4, "r", 9.0, limited=True, code=policy.AT_LIMIT, limit_reason="at maxReplicas 4 (recommendation 9)")
+    at_min = policy.Decision(1, "r", 0.0, limited=True, code=policy.AT_LIMIT, limit_reason="at minReplicas 1 (recommendation 0)")
+    assert actuator.at_max_replicas(at_max) and not actuator.at_max_replicas(at_min)
+    assert not actuator.at_max_replicas(policy.Decision(2, "r", 1.0))
+    labels = {"namespace": "ns", "name": "m"}
+    metrics.record_at_max_replicas("ns", "m", True)
+    assert metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) == 1
+    metrics.record_at_max_replicas("ns", "m", False)
+    assert metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) == 0
+    metrics.forget_autoscaler("ns", "m")
+    metrics.forget_autoscaler("ns", "m")  # twice: no error
+    assert metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) is None
 
 
 def test_reconcile_result_labels():

@@ -131,9 +131,14 @@ def test_values_schema_as_helm_validates_it(values, ok):
                 chart.validate_schema(values)
 
 
+@pytest.mark.parametrize("values", [None, {  # the defaults, and every optional object on
+    "serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}, "argocd": {"healthCheckConfigMap": True},
+    "prometheusRule": {"enabled": True, "alertLabels": {"team": "ml"}, "runbookBaseURL": "https://docs.example.com/m"},
+    "grafanaDashboard": {"enabled": True}}], ids=["defaults", "everything-on"])
 @pytest.mark.parametrize("version", [".".join(map(str, MIN_VERSION)) + ".0", KUBE_VERSION])
-def test_helm_lint_is_clean_from_the_declared_minimum_to_the_test_bed(version):
-    report = packaging.helm_python().lint(str(CHART), strict=True, kube_version=f"v{version}", namespace="ops")
+def test_helm_lint_is_clean_from_the_declared_minimum_to_the_test_bed(version, values):
+    report = packaging.helm_python().lint(str(CHART), values, strict=True, kube_version=f"v{version}",
+                                          namespace="ops")
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
@@ -239,6 +244,7 @@ def test_optional_monitors_and_argocd_configmap():
                       "operator": {"watchNamespaces": ["team-a"]}})
     (sm,) = by_kind(objects, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "prom" and sm["spec"]["endpoints"][0]["port"] == "http"
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the servers' namespace label, not the operator's
     (svc,) = by_kind(objects, "Service")
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     (pm,) = by_kind(objects, "PodMonitor")

@@ -41,12 +41,27 @@ API_WRITES = Counter(
 SCALING_DECISIONS = Counter(
     "scaling_decisions", "Autoscaler decisions by VLLMServer and direction (up, down, hold).",
     ["namespace", "name", "direction"], namespace=NAMESPACE)
+SERVER_READY = Gauge(
+    "server_ready", "1 while a VLLMServer's Ready condition is True, 0 while it is False, as the reconciler last "
+    "wrote it; the series goes with the server.", ["namespace", "name"], namespace=NAMESPACE)
+SERVER_REPLICAS = Gauge(
+    "server_replicas", "Replicas a VLLMServer's workload wants (status.replicas: the StatefulSet's spec.replicas, "
+    "or the nodes a DaemonSet runs on).", ["namespace", "name"], namespace=NAMESPACE)
+SERVER_READY_REPLICAS = Gauge(
+    "server_ready_replicas", "Replicas of a VLLMServer that are Ready (status.readyReplicas).",
+    ["namespace", "name"], namespace=NAMESPACE)
+AUTOSCALER_AT_MAX = Gauge(
+    "autoscaler_at_max_replicas", "1 while the autoscaler's last decision wanted more replicas than maxReplicas "
+    "(AutoscalingLimited=True, AtMaxReplicas), else 0; kept through a hold; only for autoscaling.mode Operator.",
+    ["namespace", "name"], namespace=NAMESPACE)
 BUILD_INFO = Gauge("build_info", "The operator's version and the vLLM release its flags are checked against.",
                    ["version", "vllm_version"], namespace=NAMESPACE)
 BUILD_INFO.labels(version=__version__, vllm_version=api.VLLM_VERSION).set(1)
 
 RESULTS = ("applied", "unchanged", "invalid", "gone", "error")
 DIRECTIONS = ("up", "down", "hold")
+for _result in RESULTS:  # a rate of 0 is a value, not an absent series (dashboards, `result="error"`)
+    RECONCILES.labels(result=_result)
 
 
 # --------------------------------------------------------------------------- recording
@@ -71,6 +86,36 @@ def record_scaling_decision(namespace: str, name: str, direction: str) -> None:
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown scaling direction {direction!r}; expected one of {DIRECTIONS}")
     SCALING_DECISIONS.labels(namespace=namespace, name=name, direction=direction).inc()
+
+
+def record_server(namespace: str, name: str, ready: bool, replicas: int, ready_replicas: int) -> None:
+    """What the reconciler just wrote into one VLLMServer's status: Ready, replicas, readyReplicas."""
+    SERVER_READY.labels(namespace=namespace, name=name).set(1 if ready else 0)
+    SERVER_REPLICAS.labels(namespace=namespace, name=name).set(replicas)
+    SERVER_READY_REPLICAS.labels(namespace=namespace, name=name).set(ready_replicas)
+
+
+def forget_server(namespace: str, name: str) -> None:
+    """The VLLMServer is gone: its series go too (a deleted server is not an unready one)."""
+    for gauge in (SERVER_READY, SERVER_REPLICAS, SERVER_READY_REPLICAS):
+        _remove(gauge, namespace, name)
+
+
+def record_at_max_replicas(namespace: str, name: str, at_max: bool) -> None:
+    """The autoscaler's last decision for one VLLMServer was (or was not) cut to maxReplicas."""
+    AUTOSCALER_AT_MAX.labels(namespace=namespace, name=name).set(1 if at_max else 0)
+
+
+def forget_autoscaler(namespace: str, name: str) -> None:
+    """The server's autoscaler loop stopped (autoscaling off, handed to an HPA/KEDA, server deleted)."""
+    _remove(AUTOSCALER_AT_MAX, namespace, name)
+
+
+def _remove(gauge: Gauge, namespace: str, name: str) -> None:
+    try:
+        gauge.remove(namespace, name)
+    except KeyError:  # never set in this process
+        pass
 
 
 def api_write_labels(method: str, path: str, content_type: str = "") -> Optional[tuple[str, str]]:

@@ -129,6 +129,10 @@ def reconcile(namespace: str, name: str, logger: Any) -> None:
             metrics.record_reconcile("error", time.monotonic() - started)
             raise
         metrics.record_reconcile(reconcile_result(result), time.monotonic() - started)
+        if result is None:
+            metrics.forget_server(namespace, name)
+        else:
+            metrics.record_server(namespace, name, result.ready, result.replicas, result.ready_replicas)
     if result is not None and (result.applied or result.pruned or not result.valid):
         logger.info("reconciled %s/%s: applied=%s pruned=%s valid=%s", namespace, name, result.applied,
                     result.pruned, result.valid)

@@ -135,6 +135,10 @@ class Result:
     pruned: list[str] = field(default_factory=list)
     status_written: bool = False
     events: list[tuple[str, str]] = field(default_factory=list)
+    ready: bool = False
+    """The Ready condition this reconcile wrote is True (for the operator's vllm_operator_server_ready)."""
+    replicas: int = 0
+    ready_replicas: int = 0
 
 
 @dataclass
@@ -285,6 +289,9 @@ class Reconciler:
             }
 
         new_status["conditions"] = [c for c in new_status["conditions"] if c["type"] in OWN_CONDITIONS]
+        ready_condition = condition(new_status, "Ready")
+        result.ready = ready_condition is not None and ready_condition["status"] == "True"
+        result.replicas, result.ready_replicas = new_status["replicas"], new_status["readyReplicas"]
         self._transition_events(status, new_status["conditions"], result)
         if new_status != own_status(status):
             if log.isEnabledFor(logging.DEBUG):

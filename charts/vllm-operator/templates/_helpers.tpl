@@ -107,3 +107,19 @@ Hugging Face token through a secretKeyRef; the operator never does.
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
 {{- end -}}
+
+{{/* An alert's labels: its severity and prometheusRule.alertLabels (dict: severity, alertLabels). */}}
+{{- define "vllm-operator.alertLabels" }}
+          labels:
+            severity: {{ .severity }}
+            {{- with .alertLabels }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+{{- end -}}
+
+{{/* An alert's runbook_url annotation, when prometheusRule.runbookBaseURL is set (dict: alert, runbook). */}}
+{{- define "vllm-operator.runbookURL" }}
+{{- if .runbook }}
+            runbook_url: {{ printf "%s#%s" .runbook (lower .alert) }}
+{{- end }}
+{{- end -}}

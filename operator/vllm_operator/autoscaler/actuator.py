@@ -189,6 +189,11 @@ class TickResult:
     note: str = ""
 
 
+def at_max_replicas(decision: policy.Decision) -> bool:
+    """The decision was cut to maxReplicas: the queue asks for more replicas than the server may have."""
+    return decision.limited and decision.limit_reason.startswith("at max")
+
+
 def autoscaling_problems(name: str, spec: api.VLLMServerSpec, default_prometheus_url: Optional[str]) -> list[str]:
     return [str(p) for p in planner.check_spec(name, spec, default_prometheus_url=default_prometheus_url)
             if p.field.startswith("spec.autoscaling")]
@@ -273,6 +278,8 @@ class Autoscaler:
         result = TickResult(decision=decision, current=current)
         direction = "hold" if decision.desired == current else ("up" if decision.desired > current else "down")
         operator_metrics.record_scaling_decision(self.namespace, self.name, direction)
+        if not decision.hold:  # like AutoscalingLimited, a hold keeps what the last decision said
+            operator_metrics.record_at_max_replicas(self.namespace, self.name, at_max_replicas(decision))
         last_scale = (body.get("status") or {}).get("autoscaling", {}).get("lastScaleTime")
         if decision.desired != current:
             self.kube.apply({"apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -337,7 +344,7 @@ class Autoscaler:
             conds = set_condition(live, ACTIVE, "True", code, message, gen, stamp)
         if decision is not None and not decision.hold:
             if decision.limited:
-                at = "AtMaxReplicas" if decision.limit_reason.startswith("at max") else "AtMinReplicas"
+                at = "AtMaxReplicas" if at_max_replicas(decision) else "AtMinReplicas"
                 conds = set_condition(conds, LIMITED, "True", at, decision.limit_reason, gen, stamp)
             else:
                 conds = set_condition(conds, LIMITED, "False", "WithinRange",
@@ -409,15 +416,18 @@ async def autoscaler_daemon(stopped: Any, namespace: str, name: str, body: Any, 
     scaler = Autoscaler(ctx.kube, ctx.sources, namespace, name, objects=ctx.objects)
     loop = asyncio.get_running_loop()
     logger.info("autoscaler started for %s/%s", namespace, name)
-    while not stopped:
-        started = loop.time()
-        snapshot = copy.deepcopy(dict(body))  # kopf updates `body` in place on this thread
-        try:
-            await loop.run_in_executor(ctx.executor, scaler.tick, snapshot)  # logs its scalings itself
-        except Exception as e:  # noqa: BLE001 - a failed tick is retried at the next interval
-            logger.warning("autoscaler tick for %s/%s failed: %s", namespace, name, e)
-        interval = ((body.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds", 5)
-        await stopped.wait(max(0.05, float(interval) - (loop.time() - started)))
+    try:
+        while not stopped:
+            started = loop.time()
+            snapshot = copy.deepcopy(dict(body))  # kopf updates `body` in place on this thread
+            try:
+                await loop.run_in_executor(ctx.executor, scaler.tick, snapshot)  # logs its scalings itself
+            except Exception as e:  # noqa: BLE001 - a failed tick is retried at the next interval
+                logger.warning("autoscaler tick for %s/%s failed: %s", namespace, name, e)
+            interval = ((body.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds", 5)
+            await stopped.wait(max(0.05, float(interval) - (loop.time() - started)))
+    finally:
+        operator_metrics.forget_autoscaler(namespace, name)  # no loop, no "at maxReplicas" (nor a stale one)
     reason = getattr(stopped, "reason", None)
     if reason is not None and reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH:
         # Autoscaling was switched off (or handed to an HPA/KEDA): its status no longer applies.
