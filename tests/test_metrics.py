@@ -58,7 +58,7 @@ def test_every_reconcile_result_is_a_series_before_it_happens():
 
 
 def test_server_gauges_follow_the_reconciles_and_go_with_the_server(monkeypatch):
-    from tests.test_argocd_health import NS, World
+    from e2e.memory_world import NS, World
     from vllm_operator import operator_main
 
     world = World({"replicas": 2})
