@@ -248,7 +248,7 @@ def test_hpa_mode_applies_an_hpa_and_switching_back_prunes_it(control_plane, kub
     auto["mode"] = "Operator"
     apply(control_plane, server_doc(name, namespace, autoscaling=auto))
     server = converge(reconciler, kube, namespace, name)
-    assert kube.get(version, "HorizontalPodAutoscaler", namespace, name) is None
+    assert kube.get("autoscaling/v2", "HorizontalPodAutoscaler", namespace, name) is None
     assert not cond(server, "ExternalScaler")
 
 
