@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
     run.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
     run.add_argument("--resync-seconds", type=float, default=60.0, help="periodic reconcile interval")
+    run.add_argument("--replan-outdated-per-minute", type=float, default=0.0,
+                     help="re-plan at most this many servers a minute whose running plan an operator upgrade changed "
+                          "(0: only when a server's vllm-operator.io/replan annotation asks); docs/upgrades.md")
     run.add_argument("--health-port", type=int, default=8080, help="port of /metrics, /healthz and /readyz (0: off)")
     run.add_argument("--disable-scanning", action="store_true",
                      help="never list or watch CRDs and Namespaces cluster-wide (kopf's scanning): for namespaced "

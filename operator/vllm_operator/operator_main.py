@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, apisession, builders, cache, events, kopftoggles, metrics, peering, persistence
+from . import api, apisession, builders, cache, events, kopftoggles, metrics, peering, persistence, replan
 from .autoscaler import actuator
 from .kube import PLURALS, ApiError, Kube, path_for
 from .reconcile import Reconciler
@@ -94,7 +94,8 @@ def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = 
     kube = Kube(client or api_client())
     check_server_version(kube)
     return Reconciler(kube, hf_endpoint=getattr(args, "hf_endpoint", None),
-                      prometheus_url=getattr(args, "prometheus_url", None), events_of=events.WarningEvents(kube).of)
+                      prometheus_url=getattr(args, "prometheus_url", None), events_of=events.WarningEvents(kube).of,
+                      replan_budget=replan.Budget(getattr(args, "replan_outdated_per_minute", 0.0) or 0.0))
 
 
 def reconcile_result(result: Any) -> str:

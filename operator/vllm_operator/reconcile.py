@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import api, builders, events, failures, pipeline, podsecurity
+from . import api, builders, events, failures, pipeline, podsecurity, replan
 from .autoscaler import ownership
 from .cache import WatchedObjects
 from .kube import ApiError, Kube
@@ -29,7 +29,7 @@ HASH_ANNOTATION = f"{api.GROUP}/desired-hash"
 #: Status fields this reconciler owns (server-side apply on /status under its field manager);
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan")
-OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled")
+OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "PlanOutdated")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
@@ -154,6 +154,8 @@ class Reconciler:
     #: only Events tell (FailedCreate, a startup probe's kill); asked only while a replica is not ready. None:
     #: pod status only (the operator's RBAC does not read Events yet).
     events_of: Optional[Callable[[str, list[dict[str, Any]]], list[dict[str, Any]]]] = None
+    #: Automatic re-plans of servers an operator upgrade left on an older plan (replan.py; default: only asked).
+    replan_budget: replan.Budget = field(default_factory=replan.Budget)
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
 
@@ -200,7 +202,9 @@ class Reconciler:
             errors = [str(p) for p in plan.problems]
         if not errors:
             assert plan is not None
-            desired = [with_hash(o) for o in builders.build_all(plan, body)]
+            desired = builders.build_all(plan, body)
+            replan.mark_requested(body, desired)
+            desired = [with_hash(o) for o in desired]
             forbidden = self._pod_security(namespace, desired)
             if forbidden:
                 errors, reason = [forbidden], "PodSecurityForbidden"
@@ -235,10 +239,15 @@ class Reconciler:
             conditions, desired = self._external_scaler(name, spec, desired, conditions, generation, now, result)
             live = self._live_children(namespace, name, meta["uid"])
             workload = None
+            outdated = None
             for obj in desired:
                 current = live.pop((obj["kind"], obj["metadata"]["name"]), None)
                 if up_to_date(obj, current):
                     applied = current
+                elif replan.held(body, obj, current, HASH_ANNOTATION) and not self.replan_budget.take():
+                    # Same spec, new plan (an operator upgrade): the pods keep running as they are (replan.py).
+                    assert current is not None
+                    applied, outdated = current, replan.difference(current, obj, is_subset)
                 else:
                     # The autoscaler owns the replicas of an autoscaled StatefulSet: make it a co-owner
                     # before this apply stops sending them, or the server would drop them (back to 1).
@@ -287,6 +296,10 @@ class Reconciler:
                 "endpoint": f"http://{name}.{namespace}.svc:{builders.PORT}/v1",
                 "plan": {k: v for k, v in plan.status().items() if v is not None},
             }
+            conditions = self._plan_outdated(conditions, outdated, generation, now, result)
+            new_status["conditions"] = conditions
+            if outdated is not None and "plan" in status:
+                new_status["plan"] = status["plan"]  # the plan the running pods were deployed with
 
         new_status["conditions"] = [c for c in new_status["conditions"] if c["type"] in OWN_CONDITIONS]
         ready_condition = condition(new_status, "Ready")
@@ -306,6 +319,16 @@ class Reconciler:
             self.event(body, type_, reason, message)
         return result
     # ---- pieces
+    def _plan_outdated(self, conditions, outdated, generation, now, result):
+        """PlanOutdated=True naming what a re-plan would change, while the workload keeps its plan (replan.py)."""
+        if outdated is None:
+            return [c for c in conditions if c.get("type") != "PlanOutdated"]
+        message = replan.message(outdated)
+        old = condition({"conditions": conditions}, "PlanOutdated")
+        if old is None or old.get("message") != message:
+            result.events.append(("Normal", "PlanOutdated", message))
+        return set_condition(conditions, "PlanOutdated", "True", "PlanChanged", message, generation, now)
+
     def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
         """Why the namespace's Pod Security level would refuse the workload's pods, if it would."""
         level = podsecurity.enforced_level(self.namespace_labels(namespace))
