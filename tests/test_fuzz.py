@@ -440,3 +440,21 @@ def test_a_sample_of_rendered_specs_is_accepted_by_the_api_server(control_plane,
                                 f"  spec: {json.dumps(doc['spec'])}")
     stress_report("fuzz", "server-side dry-runs (rendered samples)", len(samples))
     assert not rejected, f"{len(rejected)} of {len(samples)} rejected:\n" + "\n".join(rejected[:10])
+
+
+def _path(obj: dict) -> str:
+    from vllm_operator.kube import path_for
+
+    return path_for(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+
+
+@pytest.mark.vllm
+def test_a_sample_of_rendered_args_is_accepted_by_vllms_parser(stress_report):
+    from e2e.vllm_env import check_args
+
+    size = 100 if LONG else 30
+    samples = sample_rendered(plausible(), size) + sample_rendered(extreme(), size // 2)
+    results = check_args([plan.args for _, _, plan in samples])
+    bad = [(plan.args, r.get("error")) for (_, _, plan), r in zip(samples, results) if not r["ok"]]
+    stress_report("fuzz", "arg lists checked by vLLM's parser", len(samples))
+    assert not bad, bad[:5]
