@@ -17,7 +17,7 @@ import subprocess
 import pytest
 import yaml
 
-from e2e.controlplane import wait_for
+from e2e.controlplane import KUBECTL, wait_for
 from e2e.lua_health import run_health_check
 from e2e.operator_install import (ROOT, children, condition, get_server, http_get, load_example, operator_deployment,
                                   rbac_trouble, run_as_installed, serve_example_until_ready)
@@ -57,9 +57,9 @@ def extra_namespace(control_plane, request):
     def make(prefix: str = "app") -> str:
         name = f"{prefix}-{random.token_hex(3)}"
         control_plane.kubectl("create", "namespace", name)
-        wait_for(lambda: json.loads(control_plane.kubectl("get", "serviceaccount", "default", "-n", name, "-o",
-                                                           "json", check=False).stdout or "{}").get("secrets"),
-                 60, f"default ServiceAccount token in {name}")
+        # pods need the namespace's default ServiceAccount (the serviceaccount controller makes it)
+        wait_for(lambda: control_plane.kubectl("get", "serviceaccount", "default", "-n", name,
+                                               check=False).returncode == 0, 60, f"default ServiceAccount in {name}")
         made.append(name)
         return name
 
@@ -83,7 +83,7 @@ def test_ssa_of_a_missing_object_needs_create_not_only_patch(control_plane, name
     cm = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa", "namespace": namespace}})
 
     def apply():
-        return subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "apply", "--server-side",
+        return subprocess.run([KUBECTL, f"--kubeconfig={kubeconfig}", "apply", "--server-side",
                                "--field-manager=probe", "-f", "-"], input=cm, capture_output=True, text=True)
 
     p = apply()
@@ -137,10 +137,10 @@ def test_install_then_the_operator_under_the_charts_account_serves_a_model(contr
     for verb, resource in (("create", "pods"), ("delete", "vllmservers.vllm-operator.io"),
                            ("update", "deployments.apps"), ("get", "configmaps"), ("create", "rolebindings")):
         assert not can_i(cp, verb, resource, as_namespace=namespace, as_name=sa, namespace=app), (verb, resource)
-    p = subprocess.run(["kubectl", f"--kubeconfig={tmp_path / 'sa.kubeconfig'}", "get", "secrets", "-n", app],
+    p = subprocess.run([KUBECTL, f"--kubeconfig={tmp_path / 'sa.kubeconfig'}", "get", "secrets", "-n", app],
                        capture_output=True, text=True)
     assert p.returncode != 0 and "forbidden" in p.stderr.lower()
-    p = subprocess.run(["kubectl", f"--kubeconfig={tmp_path / 'sa.kubeconfig'}", "auth", "can-i", "list",
+    p = subprocess.run([KUBECTL, f"--kubeconfig={tmp_path / 'sa.kubeconfig'}", "auth", "can-i", "list",
                         "secrets", "--all-namespaces"], capture_output=True, text=True)
     assert p.stdout.strip() == "no"  # SelfSubjectAccessReview, asked by the account itself
 
