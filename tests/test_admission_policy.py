@@ -130,20 +130,35 @@ def admin_create(cp, namespace: str, doc: dict, *, dry_run: bool = True):
 
 
 def refused(create, doc: dict, *words: str, timeout: float = 30) -> str:
-    """The policy's refusal of `doc`, naming `words`. A new policy takes a moment to be enforced: poll for it."""
+    """The policy's refusal of `doc`, naming `words`. A new or changed policy takes a moment to be enforced
+    (the API server's policy informer): poll for it, never sleep."""
+    last = []
+
     def attempt():
         p = create(doc)
-        return p.stderr if p.returncode != 0 and "ValidatingAdmissionPolicy" in p.stderr else None
+        last[:] = [p.stderr or "admitted"]
+        return p.returncode != 0 and "ValidatingAdmissionPolicy" in p.stderr and all(w in p.stderr for w in words)
 
-    message = wait_for(attempt, timeout, f"the policy refusing {doc['spec']}")
-    for w in words:
-        assert w in message, message
-    return message
+    try:
+        wait_for(attempt, timeout, "the refusal")
+    except TimeoutError:
+        pytest.fail(f"not refused naming {words} within {timeout}s: {last[0]}")
+    return last[0]
 
 
-def admitted(create, doc: dict) -> None:
-    p = create(doc)
-    assert p.returncode == 0, p.stderr
+def admitted(create, doc: dict, timeout: float = 30) -> None:
+    """Admitted; polled like a refusal, for a policy just relaxed or a grant just made."""
+    last = []
+
+    def attempt():
+        p = create(doc)
+        last[:] = [p.stderr]
+        return p.returncode == 0
+
+    try:
+        wait_for(attempt, timeout, "admission")
+    except TimeoutError:
+        pytest.fail(f"not admitted within {timeout}s: {last[0]}")
 
 
 @pytest.fixture
