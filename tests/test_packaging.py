@@ -152,7 +152,8 @@ def test_the_chart_declares_the_operators_minimum_kubernetes():
 def test_default_install_is_cluster_wide_with_exactly_these_rules():
     objects = render()
     assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
-                                                   "ServiceAccount"]
+                                                   "ServiceAccount", "ValidatingAdmissionPolicy",
+                                                   "ValidatingAdmissionPolicyBinding"]
     (role,) = by_kind(objects, "ClusterRole")
     assert rules(role) == {
         ("vllm-operator.io", "vllmservers"): {"get", "list", "watch", "patch"},
@@ -413,3 +414,10 @@ def test_operator_output_for_every_example_passes_server_side_dry_run(control_pl
     control_plane.kubectl("apply", "-f", str(ROOT / "crds" / packaging.CRD_FILE))
     control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
     server_dry_run(control_plane, [doc])
+
+
+def test_the_admission_policy_is_on_by_default_and_can_be_left_out():
+    kinds = {o["kind"] for o in render()}
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+    kinds = {o["kind"] for o in render({"admissionPolicy": {"enabled": False}})}
+    assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
