@@ -655,6 +655,22 @@ class AutoscalingStatus(_Model):
     """Why the autoscaler decided what it did."""
 
 
+class KVCapacityStatus(_Model):
+    """Plan vs reality: the KV cache the plan expected per replica beside what vLLM allocated."""
+
+    model_config = ConfigDict(extra="ignore")
+    planned: Optional[int] = None
+    """KV cache tokens per replica the plan estimated (status.plan.estimates.kvCacheTokens)."""
+    measured: Optional[int] = None
+    """KV cache tokens vLLM allocated (num_gpu_blocks x block_size of vllm:cache_config_info), smallest over the ready pods."""
+    ratio: Optional[float] = None
+    """measured / planned; below 0.9 the plan was optimistic and a KVCapacityBelowPlan Warning event is posted."""
+    pods: Optional[int] = None
+    """Ready pods whose /metrics reported their KV cache."""
+    ready_pods: Optional[int] = Field(None, alias="readyPods")
+    """Ready pods when it was measured."""
+
+
 class VLLMServerStatus(_Model):
     """Observed state of a vLLM server."""
 
@@ -678,6 +694,8 @@ class VLLMServerStatus(_Model):
     """What was derived and why."""
     autoscaling: Optional[AutoscalingStatus] = None
     """The autoscaler's last decision."""
+    kv_capacity: Optional[KVCapacityStatus] = Field(None, alias="kvCapacity")
+    """The plan's KV cache tokens per replica beside what vLLM allocated on the ready pods."""
 
 
 class ObjectMeta(BaseModel):

@@ -313,8 +313,10 @@ def run(args: argparse.Namespace) -> int:
     STATE.reconciler = make_reconciler(args)
     register_indices(STATE.reconciler)
     # One queue-based autoscaler loop per VLLMServer with autoscaling.mode Operator (autoscaler/actuator.py).
-    actuator.register(STATE.reconciler.kube, default_prometheus_url=getattr(args, "prometheus_url", None),
-                      objects=STATE.reconciler.objects)
+    scaling = actuator.register(STATE.reconciler.kube, default_prometheus_url=getattr(args, "prometheus_url", None),
+                                objects=STATE.reconciler.objects)
+    # status.kvCapacity: what vLLM allocated beside the plan, read through the autoscaler's bounded scrape pool.
+    STATE.reconciler.kv_capacity = scaling.sources.kv_capacity
     namespaces = list(args.namespace)
     audits = start_audits(STATE.reconciler, namespaces)
     # kopf's HTTP connections in a bounded pool (apisession.py): servers, each managed kind, pods, peering.

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import api, builders, events, failures, pipeline, podsecurity, replan
+from . import api, builders, events, failures, kvcapacity, pipeline, podsecurity, replan
 from .autoscaler import ownership
 from .cache import WatchedObjects
 from .kube import ApiError, Kube
@@ -28,7 +28,8 @@ log = logging.getLogger("vllm_operator.reconcile")
 HASH_ANNOTATION = f"{api.GROUP}/desired-hash"
 #: Status fields this reconciler owns (server-side apply on /status under its field manager);
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
-OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan")
+OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
+              "kvCapacity")
 OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "PlanOutdated")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
@@ -156,6 +157,9 @@ class Reconciler:
     events_of: Optional[Callable[[str, list[dict[str, Any]]], list[dict[str, Any]]]] = None
     #: Automatic re-plans of servers an operator upgrade left on an older plan (replan.py; default: only asked).
     replan_budget: replan.Budget = field(default_factory=replan.Budget)
+    #: The KV cache capacity vLLM allocated on the ready pods (kvcapacity.py), for status.kvCapacity; None: not
+    #: reported.
+    kv_capacity: Optional[kvcapacity.Observations] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
 
@@ -227,7 +231,7 @@ class Reconciler:
             # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
             # waiting out its timeout on Ready=False; present only while the spec is invalid.
             conditions = set_condition(conditions, "Stalled", "True", reason, message, generation, now)
-            kept = {k: status[k] for k in ("selector", "endpoint", "plan") if k in status}
+            kept = {k: status[k] for k in ("selector", "endpoint", "plan", "kvCapacity") if k in status}
             new_status = {**kept, "observedGeneration": generation, "conditions": conditions,
                           "replicas": progress["desired"], "readyReplicas": progress["ready"]}
         else:
@@ -300,6 +304,9 @@ class Reconciler:
             new_status["conditions"] = conditions
             if outdated is not None and "plan" in status:
                 new_status["plan"] = status["plan"]  # the plan the running pods were deployed with
+            kv = self._kv_capacity(plan, pods, status.get("kvCapacity"), result)
+            if kv is not None:
+                new_status["kvCapacity"] = kv
 
         new_status["conditions"] = [c for c in new_status["conditions"] if c["type"] in OWN_CONDITIONS]
         ready_condition = condition(new_status, "Ready")
@@ -328,6 +335,18 @@ class Reconciler:
         if old is None or old.get("message") != message:
             result.events.append(("Normal", "PlanOutdated", message))
         return set_condition(conditions, "PlanOutdated", "True", "PlanChanged", message, generation, now)
+    def _kv_capacity(self, plan: Any, pods: list[dict[str, Any]], previous: Optional[dict[str, Any]],
+                     result: Result) -> Optional[dict[str, Any]]:
+        """status.kvCapacity (the plan's KV cache tokens beside what vLLM allocated on the ready pods) and a
+        Warning event when the measurement falls materially below the plan."""
+        if self.kv_capacity is None:
+            return None
+        refs = kvcapacity.ready_pods(pods)
+        kv = kvcapacity.status(plan.kv_cache_tokens, self.kv_capacity.measure(refs), len(refs), previous)
+        if kvcapacity.below_plan(kv) and not kvcapacity.below_plan(previous):
+            assert kv is not None
+            result.events.append(("Warning", kvcapacity.EVENT_REASON, kvcapacity.warning(kv)))
+        return kv
 
     def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
         """Why the namespace's Pod Security level would refuse the workload's pods, if it would."""

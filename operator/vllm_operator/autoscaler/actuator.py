@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 import kopf
 
-from .. import api, builders, events, pipeline, planner
+from .. import api, builders, events, kvcapacity, pipeline, planner
 from .. import metrics as operator_metrics
 from ..cache import resource_version
 from ..kube import Kube
@@ -163,6 +163,9 @@ class Sources:
         self._prometheus_factory = prometheus
         self._prometheus: dict[str, MetricsSource] = {}
         self._lock = threading.Lock()
+        #: The KV cache each pod's vLLM allocated: recorded from the ticks' pod scrapes, and scraped now and then
+        #: in the same pool for the reconciler's status.kvCapacity when no tick scrapes the pod (kvcapacity.py).
+        self.kv_capacity = kvcapacity.Observations(submit=getattr(self.pods, "submit", None))
 
     def for_spec(self, spec: api.AutoscalingSpec) -> tuple[Optional[MetricsSource], str]:
         """The source a spec asks for, and a short description for reasons (or None and why not)."""
@@ -262,6 +265,8 @@ class Autoscaler:
         if source is None:
             return self._report(body, None, now, "InvalidSpec", described)
         samples: list[Sample] = source.read(groups.ready) if groups.ready else []
+        if source is self.sources.pods:
+            self.sources.kv_capacity.record(groups.ready, samples)
         ready = len(groups.ready) + len(groups.ready_without_ip)
         if not self.history:
             # After a (re)start the past window is unknown: count it as a recommendation of the current

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
@@ -21,6 +21,9 @@ RUNNING = "vllm:num_requests_running"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 #: vLLM before 0.10 called the KV cache gauge gpu_cache_usage_perc.
 KV_CACHE_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+#: An info gauge (value 1) whose labels are vLLM's CacheConfig, among them the KV blocks it allocated:
+#: num_gpu_blocks x block_size is the KV cache's capacity in tokens (one series per engine).
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
 
 #: Largest /metrics body read from a pod (vLLM's is ~30 KB; histograms per LoRA adapter can grow it).
 MAX_METRICS_BYTES = 8 * 2**20
@@ -44,6 +47,9 @@ class Sample:
     waiting: float = 0.0
     running: float = 0.0
     kv_cache_usage: Optional[float] = None
+    kv_capacity_tokens: Optional[int] = None
+    """KV cache tokens vLLM allocated (num_gpu_blocks x block_size of vllm:cache_config_info, summed over
+    engines); None when the pod does not say."""
     ok: bool = True
     error: Optional[str] = None
     scraped_at: float = 0.0
@@ -61,9 +67,21 @@ class MetricsSource(Protocol):
 
 
 # --------------------------------------------------------------------------- pods
+def kv_capacity_tokens(labels: dict[str, str]) -> Optional[int]:
+    """num_gpu_blocks x block_size from one vllm:cache_config_info series (None when either is missing or
+    not a positive integer, as vLLM writes "None" before the cache is allocated)."""
+    try:
+        blocks, size = int(labels.get("num_gpu_blocks", "")), int(labels.get("block_size", ""))
+    except ValueError:
+        return None
+    return blocks * size if blocks > 0 and size > 0 else None
+
+
 def parse_vllm_metrics(pod: str, text: str, at: float) -> Sample:
     """The queue gauges from a Prometheus text exposition: waiting/running summed over the
-    `engine` (and model) labels, KV cache usage averaged over engines."""
+    `engine` (and model) labels, KV cache usage averaged over engines, and the KV cache's capacity
+    in tokens (vllm:cache_config_info) summed over engines."""
+    capacity: dict[str, int] = {}
     waiting: list[float] = []
     running: list[float] = []
     kv: list[float] = []
@@ -71,6 +89,12 @@ def parse_vllm_metrics(pod: str, text: str, at: float) -> Sample:
     wanted = {WAITING: waiting, RUNNING: running, KV_CACHE_USAGE: kv, KV_CACHE_USAGE_OLD: kv_old}
     try:
         for family in text_string_to_metric_families(text):
+            if family.name == CACHE_CONFIG_INFO:
+                for s in family.samples:
+                    tokens = kv_capacity_tokens(s.labels)
+                    if tokens is not None:
+                        capacity[s.labels.get("engine", "")] = tokens
+                continue
             bucket = wanted.get(family.name)
             if bucket is None:
                 continue
@@ -81,7 +105,8 @@ def parse_vllm_metrics(pod: str, text: str, at: float) -> Sample:
         return Sample.failed(pod, f"/metrics has no {WAITING} (is this a vLLM server?)", at)
     kv = kv or kv_old
     return Sample(pod=pod, waiting=sum(waiting), running=sum(running),
-                  kv_cache_usage=(sum(kv) / len(kv)) if kv else None, scraped_at=at)
+                  kv_cache_usage=(sum(kv) / len(kv)) if kv else None,
+                  kv_capacity_tokens=sum(capacity.values()) if capacity else None, scraped_at=at)
 
 
 def _http_get(url: str, timeout: float) -> str:
@@ -118,6 +143,10 @@ class PodsSource:
     def read(self, pods: Sequence[PodRef]) -> list[Sample]:
         futures = [self._pool.submit(self._scrape, pod) for pod in pods]
         return [f.result() for f in futures]
+
+    def submit(self, pod: PodRef) -> "Future[Sample]":
+        """Scrape one pod in the same bounded pool without waiting for it (kvcapacity.py's light scrape)."""
+        return self._pool.submit(self._scrape, pod)
 
     def _scrape(self, pod: PodRef) -> Sample:
         url = f"http://{pod.ip}:{pod.port}/metrics"
