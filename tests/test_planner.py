@@ -773,3 +773,16 @@ def test_planner_never_raises(raw):
         mig = plan.gpu.mig_profile
         sizes = [g.mig_memory(mig) if mig else g.memory_bytes for g in plan.gpu.products]
         assert plan.gpu_memory == min(size for size in sizes if size is not None)
+
+
+def test_extended_resources_need_a_limit_equal_to_the_request():
+    """What the API server refuses in a pod template ('Limit must be set for non overcommitable resources',
+    'must be equal to ... limit'), refused first with the field's path."""
+    plan = plan_for(LLAMA_8B, resources={"requests": {"example.com/foo": "1", "cpu": "4"}})
+    [msg] = messages(plan, "spec.resources.requests.example.com/foo")
+    assert "limits.example.com/foo to 1" in msg
+    plan = plan_for(LLAMA_8B, resources={"requests": {"hugepages-2Mi": "1Gi"}, "limits": {"hugepages-2Mi": "2Gi"}})
+    assert messages(plan, "spec.resources.requests.hugepages-2Mi")
+    plan = plan_for(LLAMA_8B, resources={"requests": {"example.com/foo": "1", "cpu": "2"},
+                                         "limits": {"example.com/foo": 1, "cpu": "4"}})
+    assert not [p for p in plan.problems if p.field.startswith("spec.resources")]

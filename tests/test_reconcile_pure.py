@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import json
+
 from e2e.memory_world import NS, World
+from vllm_operator.kube import ApiError
 from vllm_operator.reconcile import (HASH_ANNOTATION, condition, is_subset, set_condition, up_to_date, with_hash,
                                      workload_progress)
 
@@ -121,3 +125,85 @@ def test_workload_progress():
     assert (p["desired"], p["ready"], p["settled"]) == (3, 2, False)
     assert workload_progress(None)["desired"] == 0
 
+
+
+# --------------------------------------------------------------------------- never adopt; refused applies
+def _foreign_service(world: World, name: str = "srv") -> dict:
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": name, "namespace": NS, "uid": "uid-helm", "resourceVersion": "7",
+        "labels": {"app.kubernetes.io/managed-by": "Helm"}}, "spec": {"selector": {"app": "helm"}}}
+    world.kube.objects[("Service", NS, name)] = copy.deepcopy(svc)
+    return svc
+
+
+def test_a_name_taken_by_someone_else_is_never_adopted_and_nothing_is_applied():
+    world = World()
+    foreign = _foreign_service(world)
+    applies = []
+    real_apply = world.kube.apply
+    world.kube.apply = lambda obj, **kw: applies.append((obj["kind"], kw.get("subresource"))) or real_apply(obj, **kw)
+    status = world.reconcile()["status"]
+    assert world.kube.objects[("Service", NS, "srv")] == foreign, "not patched"
+    assert applies == [("VLLMServer", "status")], "no child applied: all or nothing"
+    degraded = condition(status, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "NameConflict")
+    assert degraded["message"].startswith("Service srv already exists") and "rename the VLLMServer" in degraded["message"]
+    assert condition(status, "Ready")["reason"] == "NameConflict"
+    assert "endpoint" not in status, "the endpoint would be someone else's Service"
+    assert world.warning_events() == [("NameConflict", degraded["message"])]
+    world.reconcile()
+    assert len(world.warning_events()) == 1, "one Event per transition"
+    del world.kube.objects[("Service", NS, "srv")]  # the other object is gone: the server deploys
+    status = world.reconcile()["status"]
+    assert condition(status, "Degraded")["reason"] != "NameConflict"
+    assert ("StatefulSet", NS, "srv") in world.kube.objects
+
+
+def test_a_refused_apply_is_a_condition_retried_slowly_unless_the_spec_changes():
+    world = World()
+    clock = [1000.0]
+    world.reconciler.monotonic = lambda: clock[0]
+    sent = []
+    real_apply = world.kube.apply
+
+    def apply(obj, **kw):
+        if obj["kind"] == "StatefulSet":
+            sent.append(obj["metadata"]["annotations"])
+            if obj["spec"]["template"]["spec"].get("affinity"):
+                raise ApiError(422, json.dumps({"message": 'StatefulSet.apps "srv" is invalid: spec.template.spec.'
+                                                "affinity: Required value"}), "PATCH", "/apis/apps/v1/...")
+        return real_apply(obj, **kw)
+
+    world.kube.apply = apply
+    world.change_spec(affinity={"nodeAffinity": {}})
+    status = world.reconcile()["status"]
+    degraded = condition(status, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ApiRejected")
+    assert "refused StatefulSet srv (422)" in degraded["message"] and "affinity: Required value" in degraded["message"]
+    assert condition(status, "SpecValid")["status"] == "True"
+    assert [r for r, _ in world.warning_events()] == ["ApiRejected"]
+    assert len(sent) == 1
+    clock[0] += 59
+    world.reconcile()
+    assert len(sent) == 1, "held back: the same refused object is not sent again before 60 s"
+    clock[0] += 2
+    world.reconcile()
+    assert len(sent) == 2 and len(world.warning_events()) == 1
+    clock[0] += 61
+    world.reconcile()
+    assert len(sent) == 2, "the second refusal holds for 120 s"
+    world.change_spec(affinity=None)  # fixed: what would be sent changed, so it is sent at once
+    status = world.reconcile()["status"]
+    assert len(sent) == 3 and condition(status, "Degraded")["reason"] != "ApiRejected"
+    assert not world.reconciler._refused
+
+
+def test_a_conflict_or_throttling_is_raised_for_the_caller_to_retry():
+    world = World()
+    world.kube.apply = lambda obj, **kw: (_ for _ in ()).throw(ApiError(429, "{}", "PATCH", "/x"))
+    try:
+        world.reconcile()
+    except ApiError as e:
+        assert e.status == 429
+    else:
+        raise AssertionError("a 429 must reach the caller (kopf retries with back-off)")

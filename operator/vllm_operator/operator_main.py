@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, apisession, builders, cache, events, kopftoggles, metrics, peering, persistence, replan
+from . import api, apierrors, apisession, builders, cache, events, kopftoggles, metrics, peering, persistence, replan
 from .autoscaler import actuator
 from .kube import PLURALS, ApiError, Kube, path_for
 from .reconcile import Reconciler
@@ -107,7 +107,10 @@ def reconcile_result(result: Any) -> str:
     return "applied" if result.applied or result.pruned or result.status_written else "unchanged"
 
 
-def reconcile(namespace: str, name: str, logger: Any) -> None:
+def reconcile(namespace: str, name: str, logger: Any, retry: int = 0) -> None:
+    """One reconcile under the server's lock. An apply the API server refuses is not an error here: the
+    reconciler reports it as Degraded/ApiRejected and holds it back (apierrors.py); what is raised is retried by
+    kopf after apierrors.retry_delay (`retry`: kopf's count of retries so far)."""
     reconciler = STATE.reconciler
     assert reconciler is not None, "operator not started"
     with STATE.lock(namespace, name):
@@ -117,9 +120,7 @@ def reconcile(namespace: str, name: str, logger: Any) -> None:
         except ApiError as e:
             metrics.record_reconcile_error(str(e.status))
             metrics.record_reconcile("error", time.monotonic() - started)
-            if e.status in (409, 429) or e.status >= 500:
-                raise kopf.TemporaryError(str(e), delay=2) from e
-            raise kopf.TemporaryError(str(e), delay=10) from e
+            raise kopf.TemporaryError(str(e), delay=apierrors.retry_delay(e.status, retry)) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
             # The API server is unreachable (restarting, network): retry soon, not after kopf's default minute.
             metrics.record_reconcile_error(type(e).__name__)
@@ -165,12 +166,12 @@ async def watch_event_loop(**_: Any) -> None:
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
 def on_change(namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
     _bind_indices(kwargs)
-    reconcile(namespace, name, logger)
+    reconcile(namespace, name, logger, retry=kwargs.get("retry") or 0)
 
 
 def on_timer(namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
     _bind_indices(kwargs)
-    reconcile(namespace, name, logger)
+    reconcile(namespace, name, logger, retry=kwargs.get("retry") or 0)
 
 
 def _on_child(body: Any, event: Any, logger: Any, kwargs: Optional[dict] = None) -> None:

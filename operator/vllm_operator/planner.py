@@ -477,8 +477,24 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         if parse_quantity(spec.resources.requests[key]) > parse_quantity(spec.resources.limits[key]):
             add(f"spec.resources.requests.{key}", f"{spec.resources.requests[key]} is above the limit "
                 f"{spec.resources.limits[key]}; Kubernetes refuses a request above its limit")
+    for key, request in spec.resources.requests.items():
+        if not overcommittable(key):
+            limit = spec.resources.limits.get(key)
+            if limit is None:
+                add(f"spec.resources.requests.{key}", f"{key} cannot be overcommitted, so Kubernetes needs a limit "
+                    f"equal to the request: set spec.resources.limits.{key} to {request} (or only the limit)")
+            elif parse_quantity(request) != parse_quantity(limit):
+                add(f"spec.resources.requests.{key}", f"{request} differs from the limit {limit}; {key} cannot be "
+                    "overcommitted, so Kubernetes refuses a request other than the limit")
     problems.extend(check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args))
     return problems
+
+
+def overcommittable(resource: str) -> bool:
+    """Whether Kubernetes lets a request be below the limit: native resources (cpu, memory, ephemeral-storage,
+    any *kubernetes.io/ name) but hugepages; extended resources (example.com/foo, devices) must be equal."""
+    native = "/" not in resource or "kubernetes.io/" in resource
+    return native and not resource.startswith("hugepages-")
 
 
 _NUMBER = re.compile(r"^-\.?[0-9]")

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import api, builders, events, failures, kvcapacity, pipeline, podsecurity, replan
+from . import api, apierrors, builders, events, failures, kvcapacity, pipeline, podsecurity, replan
 from .autoscaler import ownership
 from .cache import WatchedObjects
 from .kube import ApiError, Kube
@@ -37,6 +37,11 @@ DISCOVERY_TTL_SECONDS = 30.0
 #: How long a namespace's labels (its Pod Security level) are trusted: a no-op resync reads none.
 NAMESPACE_TTL_SECONDS = 300.0
 COMPONENT = "vllm-operator"
+#: The Degraded reason when a child's name is taken by an object this server does not control (never adopted).
+NAME_CONFLICT = "NameConflict"
+#: Degraded reasons that mean "nothing new was applied": each gets a Warning Event when it appears or its message
+#: changes.
+BLOCKED_REASONS = (NAME_CONFLICT, apierrors.API_REJECTED)
 
 
 def utcnow() -> str:
@@ -106,6 +111,31 @@ def degraded_condition(trouble: Optional[failures.Failure]) -> tuple[str, str, s
     return "True", trouble.reason, trouble.message
 
 
+def controlled_by(obj: dict[str, Any], uid: str) -> bool:
+    """Whether the object's controller ownerReference names the VLLMServer with this uid."""
+    return any(o.get("uid") == uid and o.get("controller") for o in obj["metadata"].get("ownerReferences") or [])
+
+
+def name_conflict_message(taken: list[dict[str, Any]], server: str) -> str:
+    names = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in taken)
+    return (f"{names} already exist{'s' if len(taken) == 1 else ''} in this namespace and "
+            f"{'is' if len(taken) == 1 else 'are'} not controlled by this VLLMServer; the operator never takes over "
+            f"an object it did not create, so nothing was applied: rename the VLLMServer (or remove the other "
+            f"object{'s' if len(taken) > 1 else ''} if it is not in use); {server!r} names the client Service, "
+            "the workload and the PodDisruptionBudget")
+
+
+@dataclass
+class Refusal:
+    """The API server refused to apply this object (apierrors.REJECTED): sent again only after `not_before`,
+    unless what would be sent changes."""
+
+    digest: str
+    message: str
+    attempts: int
+    not_before: float
+
+
 def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
     """Desired/ready/updated counts of the StatefulSet or DaemonSet and whether it has settled."""
     if workload is None:
@@ -140,6 +170,8 @@ class Result:
     """The Ready condition this reconcile wrote is True (for the operator's vllm_operator_server_ready)."""
     replicas: int = 0
     ready_replicas: int = 0
+    outdated: Optional[str] = None
+    """What a re-plan would change, when the workload was kept on its running plan (replan.py)."""
 
 
 @dataclass
@@ -162,6 +194,9 @@ class Reconciler:
     kv_capacity: Optional[kvcapacity.Observations] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
+    #: (namespace, server) -> the apply the API server last refused, held back until its slow retry is due.
+    _refused: dict[tuple[str, str], Refusal] = field(default_factory=dict, repr=False)
+    monotonic: Callable[[], float] = time.monotonic
 
     def managed_kinds(self) -> list[tuple[str, str]]:
         return [("v1", "Service"), ("apps/v1", "StatefulSet"), ("apps/v1", "DaemonSet"),
@@ -183,6 +218,7 @@ class Reconciler:
         cached = self._cached()
         body = cached.server(namespace, name) if cached else self.kube.get(api.API_VERSION, api.KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
+            self._refused.pop((namespace, name), None)
             return None  # gone: garbage collection removes the children
         return self.reconcile_body(body)
 
@@ -242,45 +278,15 @@ class Reconciler:
                                        f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
             conditions, desired = self._external_scaler(name, spec, desired, conditions, generation, now, result)
             live = self._live_children(namespace, name, meta["uid"])
-            workload = None
-            outdated = None
-            for obj in desired:
-                current = live.pop((obj["kind"], obj["metadata"]["name"]), None)
-                if up_to_date(obj, current):
-                    applied = current
-                elif replan.held(body, obj, current, HASH_ANNOTATION) and not self.replan_budget.take():
-                    # Same spec, new plan (an operator upgrade): the pods keep running as they are (replan.py).
-                    assert current is not None
-                    applied, outdated = current, replan.difference(current, obj, is_subset)
-                else:
-                    # The autoscaler owns the replicas of an autoscaled StatefulSet: make it a co-owner
-                    # before this apply stops sending them, or the server would drop them (back to 1).
-                    autoscaled = obj["kind"] == "StatefulSet" and not builders.owns_replicas(spec)
-                    if autoscaled and current is not None:
-                        self._adopt_replicas(current, spec)
-                    try:
-                        applied = self._remember(self.kube.apply(obj))
-                    except ApiError as e:
-                        if self._replace_immutable(obj, e):
-                            result.events.append(("Normal", "Recreating", f"{obj['kind']} {obj['metadata']['name']}: "
-                                                  "its volumeClaimTemplates changed (spec.cache), which Kubernetes "
-                                                  "cannot update in place; deleted it keeping its pods, to "
-                                                  "re-create it"))
-                            for type_, reason, message in result.events:
-                                self.event(body, type_, reason, message)
-                        raise
-                    if autoscaled and current is None:
-                        self._adopt_replicas(applied, spec)
-                    result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
-                if obj["kind"] in ("StatefulSet", "DaemonSet"):
-                    workload = applied
-            for (kind, child), obj in live.items():  # owned by us, no longer wanted
-                if self.kube.delete(obj["apiVersion"], kind, namespace, child, uid=obj["metadata"]["uid"]):
-                    result.pruned.append(f"{kind}/{child}")
-                if self.objects is not None:
-                    self.objects.forget(obj)
-            if result.pruned:
-                result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
+            taken = self._names_taken(desired, live, meta["uid"])
+            if taken:  # never adopted: apply nothing (and prune nothing); what was deployed keeps running
+                blocked: Optional[tuple[str, str]] = (NAME_CONFLICT, name_conflict_message(taken, name))
+                workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+            else:
+                workload, blocked = self._apply_children(body, spec, desired, live, result)
+            if blocked is None:
+                self._refused.pop((namespace, name), None)
+                self._prune(namespace, live, result)
             if result.applied:
                 result.events.append(("Normal", "Applied", f"applied {', '.join(result.applied)}; vllm serve "
                                       + " ".join(plan.args)))
@@ -289,8 +295,10 @@ class Reconciler:
             pods = cached.pods(namespace, name) if cached else self.kube.list(
                 "v1", "Pod", namespace, label_selector=builders.selector_string(name))
             trouble = self._trouble(namespace, workload, progress, pods, now)
-            conditions = set_condition(conditions, "Degraded", *degraded_condition(trouble), generation, now)
-            conditions = self._ready_conditions(conditions, progress, workload, generation, now, trouble=trouble)
+            degraded = ("True", *blocked) if blocked else degraded_condition(trouble)
+            conditions = set_condition(conditions, "Degraded", *degraded, generation, now)
+            conditions = self._ready_conditions(conditions, progress, workload, generation, now, trouble=trouble,
+                                                blocked=blocked)
             new_status = {
                 "observedGeneration": generation,
                 "conditions": conditions,
@@ -300,9 +308,12 @@ class Reconciler:
                 "endpoint": f"http://{name}.{namespace}.svc:{builders.PORT}/v1",
                 "plan": {k: v for k, v in plan.status().items() if v is not None},
             }
-            conditions = self._plan_outdated(conditions, outdated, generation, now, result)
+            if blocked and workload is None:  # nothing of ours serves: no endpoint to advertise (it may be theirs)
+                for key in ("selector", "endpoint"):
+                    new_status.pop(key)
+            conditions = self._plan_outdated(conditions, result.outdated, generation, now, result)
             new_status["conditions"] = conditions
-            if outdated is not None and "plan" in status:
+            if result.outdated is not None and "plan" in status:
                 new_status["plan"] = status["plan"]  # the plan the running pods were deployed with
             kv = self._kv_capacity(plan, pods, status.get("kvCapacity"), result)
             if kv is not None:
@@ -347,6 +358,93 @@ class Reconciler:
             assert kv is not None
             result.events.append(("Warning", kvcapacity.EVENT_REASON, kvcapacity.warning(kv)))
         return kv
+
+    def _names_taken(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
+                     uid: str) -> list[dict[str, Any]]:
+        """The wanted children whose name is taken by an object this server does not control. Only a child not
+        seen as ours is looked up (one GET): a no-op resync sends no request."""
+        taken = []
+        for obj in desired:
+            meta = obj["metadata"]
+            if (obj["kind"], meta["name"]) in live:
+                continue
+            existing = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+            if existing is not None and not controlled_by(existing, uid):
+                existing.setdefault("kind", obj["kind"])
+                taken.append(existing)
+        return taken
+
+    def _apply_children(self, body: dict[str, Any], spec: api.VLLMServerSpec, desired: list[dict[str, Any]],
+                        live: dict[tuple[str, str], dict[str, Any]],
+                        result: Result) -> tuple[Optional[dict[str, Any]], Optional[tuple[str, str]]]:
+        """Apply what is not live yet, in order; the workload as applied (or live), and (reason, message) when the
+        API server refused a child (the later ones are not sent). Seen children are removed from `live`: what
+        stays there is no longer wanted."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        workload = None
+        for obj in desired:
+            current = live.pop((obj["kind"], obj["metadata"]["name"]), None)
+            if up_to_date(obj, current):
+                applied = current
+            elif replan.held(body, obj, current, HASH_ANNOTATION) and not self.replan_budget.take():
+                # Same spec, new plan (an operator upgrade): the pods keep running as they are (replan.py).
+                assert current is not None
+                applied, result.outdated = current, replan.difference(current, obj, is_subset)
+            else:
+                digest = f"{obj['kind']}/{obj['metadata']['name']}/{obj['metadata']['annotations'][HASH_ANNOTATION]}"
+                held = self._refused.get(key)
+                if held is not None and held.digest == digest and self.monotonic() < held.not_before:
+                    return workload or self._live_workload(live, current), (apierrors.API_REJECTED, held.message)
+                # The autoscaler owns the replicas of an autoscaled StatefulSet: make it a co-owner
+                # before this apply stops sending them, or the server would drop them (back to 1).
+                autoscaled = obj["kind"] == "StatefulSet" and not builders.owns_replicas(spec)
+                if autoscaled and current is not None:
+                    self._adopt_replicas(current, spec)
+                try:
+                    applied = self._remember(self.kube.apply(obj))
+                except ApiError as e:
+                    if self._replace_immutable(obj, e, meta["uid"]):
+                        result.events.append(("Normal", "Recreating", f"{obj['kind']} {obj['metadata']['name']}: "
+                                              "its volumeClaimTemplates changed (spec.cache), which Kubernetes "
+                                              "cannot update in place; deleted it keeping its pods, to "
+                                              "re-create it"))
+                        for type_, reason, message in result.events:
+                            self.event(body, type_, reason, message)
+                        raise
+                    if apierrors.classify(e.status) != apierrors.REJECTED:
+                        raise  # 409, 429, 5xx: the caller retries (apierrors.retry_delay)
+                    attempts = held.attempts + 1 if held is not None and held.digest == digest else 1
+                    message = apierrors.rejected_message(obj["kind"], obj["metadata"]["name"], e.status, e.message)
+                    self._refused[key] = Refusal(digest, message, attempts,
+                                                 self.monotonic() + apierrors.rejected_backoff(attempts))
+                    log.warning("%s/%s: %s", key[0], key[1], message)
+                    return workload or self._live_workload(live, current), (apierrors.API_REJECTED, message)
+                if autoscaled and current is None:
+                    self._adopt_replicas(applied, spec)
+                result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
+            if obj["kind"] in ("StatefulSet", "DaemonSet"):
+                workload = applied
+        return workload, None
+
+    @staticmethod
+    def _live_workload(live: dict[tuple[str, str], dict[str, Any]],
+                       current: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        """The workload still running when an apply stopped short: the one being applied, or another kind's."""
+        if current is not None and current["kind"] in ("StatefulSet", "DaemonSet"):
+            return current
+        return next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+
+    def _prune(self, namespace: str, unwanted: dict[tuple[str, str], dict[str, Any]], result: Result) -> None:
+        """Delete children this server controls but no longer wants (`unwanted` holds only objects with its
+        controller reference; the delete is conditional on their uid)."""
+        for (kind, child), obj in unwanted.items():
+            if self.kube.delete(obj["apiVersion"], kind, namespace, child, uid=obj["metadata"]["uid"]):
+                result.pruned.append(f"{kind}/{child}")
+            if self.objects is not None:
+                self.objects.forget(obj)
+        if result.pruned:
+            result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
 
     def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
         """Why the namespace's Pod Security level would refuse the workload's pods, if it would."""
@@ -415,8 +513,12 @@ class Reconciler:
                 log.warning("could not read the Events of %s/%s: %s", namespace, workload["metadata"]["name"], e)
         return failures.classify(pods, found, workload=workload, now=now)
 
-    def _ready_conditions(self, conditions, progress, workload, generation, now, stalled=False, trouble=None):
+    def _ready_conditions(self, conditions, progress, workload, generation, now, stalled=False, trouble=None,
+                          blocked=None):
         desired, ready = progress["desired"], progress["ready"]
+        if workload is None and blocked is not None:  # nothing applied: a name conflict or a refused apply
+            conditions = set_condition(conditions, "Ready", "False", *blocked, generation, now)
+            return set_condition(conditions, "Progressing", "False", *blocked, generation, now)
         if workload is None:
             conditions = set_condition(conditions, "Ready", "False", "NoWorkload", "no workload has been created",
                                        generation, now)
@@ -465,8 +567,12 @@ class Reconciler:
             if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] in failures.REASONS and (
                     was.get("Degraded") != "True" or old["Degraded"].get("reason") != c["reason"]):
                 result.events.append(("Warning", c["reason"], c["message"]))
+            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] in BLOCKED_REASONS and (
+                    was.get("Degraded") != "True" or old["Degraded"].get("reason") != c["reason"]
+                    or old["Degraded"].get("message") != c["message"]):
+                result.events.append(("Warning", c["reason"], c["message"]))
 
-    def _replace_immutable(self, obj: dict[str, Any], error: ApiError) -> bool:
+    def _replace_immutable(self, obj: dict[str, Any], error: ApiError, uid: str) -> bool:
         """A StatefulSet whose immutable fields (volumeClaimTemplates: spec.cache) must change: delete it
         with its pods orphaned, so the next reconcile creates it anew and it adopts them (the pods then roll
         to the new template). Only an object this operator manages; True when it was deleted."""
@@ -474,7 +580,7 @@ class Reconciler:
             return False
         meta = obj["metadata"]
         live = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        if live is None or (live["metadata"].get("labels") or {}).get(builders.SERVER_LABEL) != meta["name"]:
+        if live is None or not controlled_by(live, uid):
             return False
         log.info("re-creating %s/%s: %s", meta["namespace"], meta["name"], error.message)
         deleted = self.kube.delete(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"],
@@ -503,8 +609,7 @@ class Reconciler:
                     continue
                 raise
             for item in items:
-                owners = item["metadata"].get("ownerReferences") or []
-                if any(o.get("uid") == uid and o.get("controller") for o in owners):
+                if controlled_by(item, uid):
                     item.setdefault("apiVersion", api_version)
                     item.setdefault("kind", kind)
                     live[(kind, item["metadata"]["name"])] = item
