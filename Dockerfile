@@ -6,17 +6,20 @@
 # Requires-Dist equals pyproject's dependencies, the user is non-root, the entrypoint.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY requirements.lock pyproject.toml README.md ./
 COPY operator ./operator
-# Wheels of the package and of its runtime dependencies (all published as wheels: nothing compiles).
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The runtime dependencies exactly as locked, versions and hashes (pip refuses any other file: `make lock`
+# regenerates the lock from pyproject.toml), then the package itself without resolving anything again.
+# All are published as wheels: nothing compiles.
+RUN pip wheel --no-cache-dir --require-hashes --wheel-dir /wheels -r requirements.lock \
+    && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim
 RUN groupadd --gid 65532 operator \
     && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin operator
 COPY --from=build /wheels /wheels
 # pip compiles the bytecode here, at build time: at run time the root filesystem is read-only.
-RUN pip install --no-cache-dir --no-index /wheels/*.whl && rm -rf /wheels
+RUN pip install --no-cache-dir --no-index --no-deps /wheels/*.whl && rm -rf /wheels
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 65532:65532
 EXPOSE 8080

@@ -1,5 +1,5 @@
 # The two commands of the README, plus generators.
-.PHONY: demo test crd generate golden flags
+.PHONY: demo test crd generate golden flags lock
 
 demo:  ## a local control plane, the operator and an example VLLMServer, until Ctrl-C
 	bash e2e/demo.sh
@@ -18,3 +18,7 @@ golden:  ## regenerate the golden render output of examples/ (on purpose only)
 
 flags:  ## regenerate the vLLM flag snapshot from the real parser
 	.venv/bin/python -m e2e.dump_vllm_flags
+
+lock:  ## the image's hash-locked runtime dependencies, from pyproject.toml (tests check they agree)
+	.venv/bin/python -m pip install -q pip-tools && .venv/bin/pip-compile -q --generate-hashes --strip-extras \
+	  --allow-unsafe --no-emit-find-links -o requirements.lock pyproject.toml

@@ -319,6 +319,22 @@ def test_dockerfile_final_image_is_slim_non_root_and_runs_the_operator():
     assert any(i == "ENV" and "PYTHONDONTWRITEBYTECODE=1" in v for i, v in final), "read-only root filesystem"
 
 
+def test_the_image_installs_hash_locked_dependencies_that_satisfy_pyproject():
+    """Supply chain: every runtime dependency is pinned with its hashes, and the pins satisfy pyproject.toml
+    (a stale lock would build an image of other versions than the tests ran)."""
+    text = (ROOT / "requirements.lock").read_text()
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==([^ \\\n]+)", text, re.M))
+    blocks = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", text)[1:]  # one per pin, after the header
+    assert len(blocks) == len(pins) and all("--hash=sha256:" in b for b in blocks), "every pin carries hashes"
+    locked = {canonicalize_name(k): v for k, v in pins.items()}
+    for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(dep)
+        assert canonicalize_name(req.name) in locked, f"{req.name} is not in requirements.lock: run `make lock`"
+        assert req.specifier.contains(locked[canonicalize_name(req.name)]), f"{req} vs the lock: run `make lock`"
+    runs = " ".join(v for stage in dockerfile_stages() for i, v in stage if i == "RUN")
+    assert "--require-hashes" in runs and "-r requirements.lock" in runs and "--no-deps" in runs
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
