@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_operator import pipeline
+from vllm_operator import api, pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 
