@@ -30,9 +30,13 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 SERVERS = f"/apis/{api.GROUP}/{api.VERSION}"
 
 
-def install_crd(control_plane) -> None:
-    control_plane.kubectl("apply", "-f", str(CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{api.PLURAL}.{api.GROUP}")
+def install_crd(control_plane, path: Path = CRD) -> None:
+    """Install (or replace) the CRD and wait until it is served. `kubectl wait` fails outright while a new CRD
+    has no conditions at all yet, so it is polled."""
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    wait_for(lambda: control_plane.kubectl("wait", "--for=condition=Established", "--timeout=5s",
+                                           f"crd/{api.PLURAL}.{api.GROUP}", check=False).returncode == 0,
+             60, "the CRD established")
 
 
 def example(file: str | Path) -> dict[str, Any]:

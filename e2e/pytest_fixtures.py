@@ -6,6 +6,9 @@ Loaded from tests/conftest.py with ``pytest_plugins = ["e2e.pytest_fixtures"]``.
   existing cluster when $VLLM_OPERATOR_TEST_KUBECONFIG is set.
 * ``k8s`` (session): a kubernetes.client.ApiClient for it.
 * ``namespace`` (function): a fresh namespace per test, deleted afterwards.
+* ``crd_installed`` (module): the VLLMServer CRD installed and established.
+* ``operator`` (module): ``vllm-operator run`` as a process, resync every 3 s, its log printed at the end.
+* ``kube`` (function): the operator's own thin REST client on the session's ApiClient.
 """
 
 from __future__ import annotations
@@ -65,3 +68,29 @@ def namespace(k8s, request):
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+@pytest.fixture(scope="module")
+def crd_installed(control_plane):
+    from e2e.convergence import install_crd
+
+    install_crd(control_plane)
+    return True
+
+
+@pytest.fixture(scope="module")
+def operator(control_plane, crd_installed, tmp_path_factory):
+    from e2e.operator_process import OperatorProcess
+
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    proc = OperatorProcess(control_plane.kubeconfig, log, resync_seconds=3).start()
+    yield proc
+    proc.stop()
+    print(proc.log_tail(200))
+
+
+@pytest.fixture
+def kube(k8s):
+    from vllm_operator.kube import Kube
+
+    return Kube(k8s)

@@ -14,42 +14,16 @@ import pytest
 import yaml
 
 from e2e.controlplane import wait_for
-from e2e.operator_process import OperatorProcess
 from vllm_operator import builders
 from vllm_operator.kube import Kube
 
 pytestmark = pytest.mark.apiserver
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"
 GROUP_PATH = "/apis/vllm-operator.io/v1alpha1"
 
 #: Reconciles to sit through before checking that something did *not* happen (the resync is 3 s).
 QUIET_SECONDS = 8
-
-
-@pytest.fixture(scope="module")
-def crd_installed(control_plane):
-    control_plane.kubectl("apply", "-f", str(CRD))
-    # `kubectl wait` fails outright while the new CRD has no conditions at all yet: poll instead.
-    wait_for(lambda: control_plane.kubectl("wait", "--for=condition=Established", "--timeout=5s",
-                                           "crd/vllmservers.vllm-operator.io", check=False).returncode == 0,
-             60, "the CRD established")
-    return True
-
-
-@pytest.fixture(scope="module")
-def operator(control_plane, crd_installed, tmp_path_factory):
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = OperatorProcess(control_plane.kubeconfig, log, resync_seconds=3).start()
-    yield proc
-    proc.stop()
-    print(proc.log_tail(200))
-
-
-@pytest.fixture
-def kube(k8s):
-    return Kube(k8s)
 
 
 def example(name: str, namespace: str) -> dict:

@@ -25,20 +25,7 @@ from vllm_operator.reconcile import Reconciler
 pytestmark = pytest.mark.apiserver
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"
 GROUP_PATH = "/apis/vllm-operator.io/v1alpha1"
-
-
-@pytest.fixture(scope="module")
-def crd_installed(control_plane):
-    control_plane.kubectl("apply", "-f", str(CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
-    return True
-
-
-@pytest.fixture
-def kube(k8s):
-    return Kube(k8s)
 
 
 @pytest.fixture

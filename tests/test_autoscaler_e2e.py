@@ -180,9 +180,8 @@ def stack(control_plane, k8s, tmp_path_factory):
     namespace = f"autoscale-{os.getpid()}-{random.randint(0, 9999)}"
     core = client.CoreV1Api(k8s)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    # Kubernetes < 1.24 refuses pods until the default ServiceAccount has its token Secret.
-    wait_for(lambda: core.read_namespaced_service_account("default", namespace).secrets, 60,
-             "default ServiceAccount token")
+    # The ServiceAccount admission plugin refuses pods until the namespace's default ServiceAccount exists.
+    wait_for(lambda: core.read_namespaced_service_account("default", namespace), 60, "default ServiceAccount")
     pods = VLLMPods(namespace, work, prometheus)
     kubelet = FakeKubelet(k8s, namespace=namespace, node_name=f"gpu-{namespace}"[:60], gpu_product="NVIDIA-L4",
                           ip_pool=_pick_ips(2), on_pod_start=pods.on_pod_start, on_pod_stop=pods.on_pod_stop,

@@ -18,16 +18,7 @@ import yaml
 pytestmark = pytest.mark.apiserver
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"
 EXAMPLE = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
-
-
-@pytest.fixture(scope="module")
-def crd_installed(control_plane):
-    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                          "crd/vllmservers.vllm-operator.io")
-    return True
 
 
 def server(name: str = "llama", **spec_changes) -> dict:

@@ -17,7 +17,6 @@ import yaml
 
 from e2e.controlplane import wait_for
 from e2e.fakekubelet import FakeKubelet
-from e2e.operator_process import OperatorProcess
 from vllm_operator import builders, pipeline
 from vllm_operator.api import VLLMServer
 from vllm_operator.kube import Kube
@@ -26,30 +25,7 @@ from vllm_operator.reconcile import is_subset
 pytestmark = pytest.mark.apiserver
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"
 GROUP_PATH = "/apis/vllm-operator.io/v1alpha1"
-
-
-@pytest.fixture(scope="module")
-def crd_installed(control_plane):
-    control_plane.kubectl("apply", "-f", str(CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                          "crd/vllmservers.vllm-operator.io")
-    return True
-
-
-@pytest.fixture(scope="module")
-def operator(control_plane, crd_installed, tmp_path_factory):
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = OperatorProcess(control_plane.kubeconfig, log, resync_seconds=3).start()
-    yield proc
-    proc.stop()
-    print(proc.log_tail(200))
-
-
-@pytest.fixture
-def kube(k8s):
-    return Kube(k8s)
 
 
 def example(name: str, namespace: str, file: str = "llama-8b-single-gpu.yaml", **changes) -> dict:
