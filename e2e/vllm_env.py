@@ -104,6 +104,9 @@ def _vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_NO_USAGE_STATS": "1",
+            # vLLM's CPU backend binds each server's OpenMP threads to the first core ("auto"): several servers
+            # on these 2 cores then all share core 0, and a busy one starved a loading one for minutes.
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "DO_NOT_TRACK": "1",
             "PYTHONUNBUFFERED": "1",
         }
