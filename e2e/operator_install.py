@@ -95,6 +95,23 @@ def condition(server: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in (server.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
+def kubectl_apply(cp, doc: dict[str, Any]) -> None:
+    """`kubectl apply` of one document, as a user would."""
+    cp.kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+
+def wait_status(kube, namespace: str, name: str, probe, what: str, timeout: float = 60) -> dict[str, Any]:
+    """Poll the VLLMServer (through the REST API) until `probe(server)` holds; returns it."""
+    from e2e.convergence import get_server as get
+
+    return wait_for(lambda: (lambda s: s if s and probe(s) else None)(get(kube, namespace, name)), timeout, what)
+
+
+def events_for(kube, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The Events of the namespace about an object of this name."""
+    return [e for e in kube.list("v1", "Event", namespace) if e["involvedObject"].get("name") == name]
+
+
 def get_server(cp, namespace: str, name: str) -> dict[str, Any]:
     return json.loads(cp.kubectl("get", "vllmservers", name, "-n", namespace, "-o", "json").stdout)
 

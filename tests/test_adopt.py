@@ -11,45 +11,23 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from e2e.controlplane import wait_for
+from e2e.convergence import get_server
+from e2e.operator_install import condition as cond
+from e2e.operator_install import events_for
+from e2e.operator_install import kubectl_apply as apply_server
+from e2e.operator_install import load_example as example
+from e2e.operator_install import wait_status
 from vllm_operator import builders
 from vllm_operator.kube import Kube
 
 pytestmark = pytest.mark.apiserver
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUP_PATH = "/apis/vllm-operator.io/v1alpha1"
 
 #: Reconciles to sit through before checking that something did *not* happen (the resync is 3 s).
 QUIET_SECONDS = 8
-
-
-def example(name: str, namespace: str) -> dict:
-    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
-    doc["metadata"] = {"name": name, "namespace": namespace}
-    return doc
-
-
-def apply_server(cp, doc: dict) -> None:
-    cp.kubectl("apply", "-f", "-", input=json.dumps(doc))
-
-
-def get_server(kube: Kube, ns: str, name: str) -> dict:
-    return kube.request("GET", f"{GROUP_PATH}/namespaces/{ns}/vllmservers/{name}")
-
-
-def cond(server: dict, type_: str) -> dict:
-    return next((c for c in (server.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
-
-
-def wait_status(kube, ns, name, probe, what, timeout=60):
-    return wait_for(lambda: (lambda s: s if probe(s) else None)(get_server(kube, ns, name)), timeout, what)
-
-
-def events_for(kube: Kube, ns: str, name: str) -> list[dict]:
-    return [e for e in kube.list("v1", "Event", ns) if e["involvedObject"].get("name") == name]
 
 
 def create(kube: Kube, obj: dict) -> dict:

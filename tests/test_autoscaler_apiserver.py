@@ -16,7 +16,6 @@ import yaml
 
 from e2e.controlplane import wait_for
 from e2e.fakekubelet import FakeKubelet
-from vllm_operator import api
 from vllm_operator.autoscaler import actuator, ownership, policy
 from vllm_operator.autoscaler.metrics import Sample
 from vllm_operator.kube import FIELD_MANAGER, Kube

@@ -8,18 +8,21 @@ test needs running pods.
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from e2e.controlplane import wait_for
+from e2e.convergence import get_server
+from e2e.operator_install import condition as cond
+from e2e.operator_install import events_for
+from e2e.operator_install import kubectl_apply as apply_server
+from e2e.operator_install import load_example as example
+from e2e.operator_install import wait_status
 from e2e.fakekubelet import FakeKubelet
 from vllm_operator import builders, pipeline
 from vllm_operator.api import VLLMServer
-from vllm_operator.kube import Kube
 from vllm_operator.reconcile import is_subset
 
 pytestmark = pytest.mark.apiserver
@@ -28,40 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 GROUP_PATH = "/apis/vllm-operator.io/v1alpha1"
 
 
-def example(name: str, namespace: str, file: str = "llama-8b-single-gpu.yaml", **changes) -> dict:
-    doc = yaml.safe_load((ROOT / "examples" / file).read_text())
-    doc["metadata"] = {"name": name, "namespace": namespace}
-    spec = doc["spec"]
-    for key, value in changes.items():
-        spec[key] = value
-    return doc
-
-
-def apply_server(cp, doc: dict) -> None:
-    cp.kubectl("apply", "-f", "-", input=json.dumps(doc))
-
-
-def get_server(kube: Kube, ns: str, name: str) -> dict:
-    return kube.request("GET", f"{GROUP_PATH}/namespaces/{ns}/vllmservers/{name}")
-
-
-def cond(server: dict, type_: str) -> dict:
-    return next((c for c in (server.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
-
-
 def expected_objects(doc: dict, owner: dict) -> list[dict]:
     server = VLLMServer.model_validate(doc)
     plan = pipeline.plan_server(server.metadata.name, server.metadata.namespace, server.spec)
     return builders.build_all(plan, owner)
-
-
-def wait_status(kube, ns, name, probe, what, timeout=60):
-    return wait_for(lambda: (lambda s: s if probe(s) else None)(get_server(kube, ns, name)), timeout, what)
-
-
-def events_for(kube: Kube, ns: str, name: str) -> list[dict]:
-    items = kube.list("v1", "Event", ns)
-    return [e for e in items if e["involvedObject"].get("name") == name]
 
 
 # --------------------------------------------------------------------------- tests
