@@ -21,13 +21,13 @@ from pathlib import Path
 import yaml
 
 from e2e.controlplane import ControlPlane, wait_for
+from e2e.convergence import install_crd
 from e2e.fakekubelet import FakeKubelet
 from e2e.operator_process import OperatorProcess
 from vllm_operator import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_EXAMPLE = ROOT / "examples" / "llama-8b-single-gpu.yaml"
-CRD = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"
 
 
 def say(text: str) -> None:
@@ -50,8 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     say("starting a local control plane (etcd, kube-apiserver, kube-controller-manager)")
     with ControlPlane(workdir=workdir / "cp") as cp:
         print(f"kubeconfig: {cp.kubeconfig}")
-        cp.kubectl("apply", "-f", str(CRD))
-        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
+        install_crd(cp)
         say(f"starting the operator (log: {workdir / 'operator.log'})")
         with OperatorProcess(cp.kubeconfig, workdir / "operator.log", resync_seconds=10) as op, \
                 FakeKubelet(cp.api_client(), node_name="gpu-node-1", gpu_product=product):

