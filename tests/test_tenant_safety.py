@@ -1,0 +1,200 @@
+"""A tenant who may create VLLMServers can neither read what the operator reaches nor stop it.
+
+Every test is one attack, through the field a tenant controls, against a local server that answers as the
+tenant would (e2e/hostile_http.py): SECRET stands for a page only the operator reaches, and must never come
+back in a Sample, a plan problem, a status or an Event.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import yaml
+
+from e2e.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
+from vllm_operator.autoscaler import actuator
+from vllm_operator.autoscaler.metrics import (MAX_METRICS_BYTES, PARSE_SECONDS, PodRef, PodsSource,
+                                              PrometheusSource, parse_vllm_metrics)
+from test_autoscaler_actuator import ROOT, FakeKube
+from test_autoscaler_metrics import VLLM_METRICS
+
+SLOW = Reply(200, VLLM_METRICS.encode(), trickle=0.1)  # a byte every 0.1 s: no single read is slow
+
+
+def scrape(server: HostileServer, path: str = "/metrics", **kwargs):
+    source = PodsSource(**kwargs)
+    try:
+        [sample] = source.read([PodRef("p", "ns", "127.0.0.1", server.port)])
+    finally:
+        source.close()
+    assert SECRET not in (sample.error or "")
+    return sample
+
+
+# --------------------------------------------------------------------------- a pod's /metrics
+def test_a_pod_redirecting_its_metrics_elsewhere_is_refused():
+    with HostileServer({"/metrics": redirect_to("/secret"), "/secret": secret_page()}) as pod:
+        sample = scrape(pod)
+        assert pod.requests == ["/metrics"]
+    assert not sample.ok and sample.error == f"GET http://127.0.0.1:{pod.port}/metrics: redirect refused"
+
+
+def test_a_pod_answering_garbage_is_not_quoted():
+    with HostileServer({"/metrics": secret_page()}) as pod:
+        sample = scrape(pod)
+    assert sample.error == "/metrics has no vllm:num_requests_waiting (is this a vLLM server?)"
+    with HostileServer({"/metrics": Reply(200, f"vllm:num_requests_waiting {SECRET}\n".encode())}) as pod:
+        assert scrape(pod).error == "/metrics: not Prometheus text"
+
+
+def test_a_trickling_pod_ends_at_the_scrape_deadline():
+    with HostileServer({"/metrics": SLOW}) as pod:
+        t0 = time.monotonic()
+        sample = scrape(pod, timeout=1.0)
+        assert time.monotonic() - t0 < 3.0, "one deadline for the scrape, not one per socket read"
+    assert sample.error == f"GET http://127.0.0.1:{pod.port}/metrics: timed out"
+
+
+def test_a_huge_metrics_body_is_refused_not_truncated_and_parsed():
+    huge = VLLM_METRICS.encode() + b"#" * MAX_METRICS_BYTES
+    with HostileServer({"/metrics": Reply(200, huge, unsized=True)}) as pod:
+        assert scrape(pod).error.endswith(f": response larger than {MAX_METRICS_BYTES} bytes")
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "1e309"])
+def test_a_non_finite_queue_fails_the_sample(value):
+    text = VLLM_METRICS.replace('vllm:num_requests_waiting{engine="1",model_name="tiny"} 3.0',
+                                f'vllm:num_requests_waiting{{engine="1",model_name="tiny"}} {value}')
+    with HostileServer({"/metrics": Reply(200, text.encode())}) as pod:
+        sample = scrape(pod)
+    assert not sample.ok and sample.error == "/metrics: non-finite value"
+
+
+def test_escaped_label_values_parse_in_linear_time():
+    # prometheus_client's parser is quadratic in them: this 2 MiB line took it about 26 s.
+    line = 'vllm:num_requests_waiting{engine="0",x="' + '\\"' * 2**20 + '"} 4\n'
+    t0 = time.monotonic()
+    sample = parse_vllm_metrics("p", line, 0.0)
+    assert time.monotonic() - t0 < 2.0
+    assert (sample.ok, sample.waiting) == (True, 4.0)
+
+
+def test_a_tenants_slow_pods_hold_the_shared_scrape_pool_for_a_bounded_time():
+    source = PodsSource(timeout=0.5, max_workers=2)
+    took: dict[str, float] = {}
+    results: dict[str, list] = {}
+
+    def read(who: str, pods: list[PodRef]) -> None:
+        t0 = time.monotonic()
+        results[who] = source.read(pods)
+        took[who] = time.monotonic() - t0
+
+    with HostileServer({"/metrics": SLOW}) as slow, HostileServer({"/metrics": Reply(200, VLLM_METRICS.encode())}) as fast:
+        tenant = threading.Thread(target=read, args=("tenant", [PodRef(f"t-{i}", "a", "127.0.0.1", slow.port)
+                                                               for i in range(6)]))
+        tenant.start()
+        time.sleep(0.1)
+        other = threading.Thread(target=read, args=("other", [PodRef("o-0", "b", "127.0.0.1", fast.port)]))
+        other.start()
+        for thread in (tenant, other):
+            thread.join(timeout=0.5 + PARSE_SECONDS + 3.0)
+        assert not tenant.is_alive() and not other.is_alive(), "a read waits for its scrapes a bounded time"
+        assert max(took.values()) < 0.5 + PARSE_SECONDS + 1.0
+        assert {s.error.rsplit(": ", 1)[1] for s in results["tenant"]} <= {
+            "timed out", "not scraped in time: every scraper was busy"}
+        [later] = source.read([PodRef("o-0", "b", "127.0.0.1", fast.port)])  # the cancelled scrapes never ran
+        assert later.ok
+    source.close()
+
+
+# --------------------------------------------------------------------------- spec.autoscaling.prometheusURL
+def prometheus_failure(server: HostileServer) -> str:
+    [sample] = PrometheusSource(server.base, timeout=1.0).read([PodRef("p", "ns", "ip")])
+    assert not sample.ok and SECRET not in sample.error
+    return sample.error.removeprefix(f"Prometheus {server.base}: ")
+
+
+@pytest.mark.parametrize("reply, category", [
+    (redirect_to("/secret"), "redirect refused"),
+    (Reply(404, SECRET.encode()), "HTTP 404"),
+    (Reply(503, SECRET.encode()), "HTTP 503"),
+    (secret_page(), "not JSON"),
+    (Reply(200, json.dumps({"data": SECRET}).encode()), "not a Prometheus answer"),
+    (Reply(200, b"[" * 100_000 + b"]" * 100_000), "JSON nested deeper than 32 levels"),
+    (Reply(200, b" " * (9 * 2**20)), "response larger than 8388608 bytes"),
+    (Reply(200, b'{"data": {"result": []}}', trickle=0.1), "timed out"),
+])
+def test_a_hostile_prometheus_url_answers_only_a_category(reply, category):
+    with HostileServer({"/api/v1/query": reply, "/secret": secret_page()}) as prom:
+        assert prometheus_failure(prom) == category
+        assert all(not r.startswith("/secret") for r in prom.requests)
+
+
+def test_a_non_finite_value_from_prometheus_fails_that_pod():
+    series = [{"metric": {"pod": pod, "q": "waiting"}, "value": [1.0, value]}
+              for pod, value in (("p", "NaN"), ("q", "+Inf"), ("r", "3"))]
+    shapes = [{"metric": SECRET}, {"metric": {"pod": ["p"], "q": "waiting"}, "value": [1, "1"]}, SECRET]
+    answer = Reply(200, json.dumps({"status": "success", "data": {"result": series + shapes}}).encode())
+    with HostileServer({"/api/v1/query": answer}) as prom:
+        p, q, r = PrometheusSource(prom.base).read([PodRef(n, "ns", "ip") for n in "pqr"])
+    assert p.error == q.error == f"Prometheus {prom.base}: non-finite value"
+    assert (r.ok, r.waiting) == (True, 3.0)
+
+
+# --------------------------------------------------------------------------- what reaches the status
+class _Pods:
+    """The reconciler's cache with the server's StatefulSet and one ready pod at `port`."""
+
+    ready = True
+
+    def __init__(self, port: int):
+        self.port = port
+
+    def children(self, namespace, name, uid):
+        return {("StatefulSet", name): {"apiVersion": "apps/v1", "kind": "StatefulSet", "spec": {"replicas": 1},
+                                        "metadata": {"name": name, "namespace": namespace,
+                                                     "ownerReferences": [{"uid": uid, "controller": True}]}}}
+
+    def pods(self, namespace, name):
+        return [{"metadata": {"name": f"{name}-0", "namespace": namespace, "creationTimestamp": "2026-01-01T00:00:00Z"},
+                 "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": self.port}]}]},
+                 "status": {"phase": "Running", "podIP": "127.0.0.1",
+                            "conditions": [{"type": "Ready", "status": "True"}]}}]
+
+
+class _RecordingKube(FakeKube):
+    def __init__(self, body):
+        super().__init__(body)
+        self.events: list[dict] = []
+
+    def request(self, method, path, body=None, **kwargs):
+        self.events.append(body)
+
+
+@pytest.mark.parametrize("routes", [
+    {"/metrics": redirect_to("/secret"), "/secret": secret_page()},  # the current code followed it
+    {"/metrics": secret_page()},
+    {"/metrics": Reply(500, SECRET.encode())},
+])
+def test_nothing_a_pod_answers_reaches_the_status_or_an_event(routes):
+    body = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())
+    body["metadata"] = {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "5"}
+    with HostileServer(routes) as pod:
+        kube = _RecordingKube(body)
+        scaler = actuator.Autoscaler(kube, actuator.Sources(), "ns", "s", clock=lambda: 1000.0,
+                                     objects=_Pods(pod.port))
+        result = scaler.tick(json.loads(json.dumps(body)))
+    assert result.decision is not None and result.decision.hold
+    written = json.dumps([kube.body["status"], kube.events])
+    assert "holding" in written and kube.events, "the hold was reported"
+    assert "SECRET" not in written and "root:x" not in written
+
+
+def test_a_pod_ip_of_ipv6_is_bracketed():
+    source = PodsSource(timeout=0.5)
+    [sample] = source.read([PodRef("p", "ns", "::1", 1)])
+    source.close()
+    assert sample.error.startswith("GET http://[::1]:1/metrics: "), sample.error  # refused, or no IPv6 here
