@@ -7,19 +7,25 @@ back in a Sample, a plan problem, a status or an Event.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from e2e.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
+from vllm_operator import api, catalog, pipeline
 from vllm_operator.autoscaler import actuator
 from vllm_operator.autoscaler.metrics import (MAX_METRICS_BYTES, PARSE_SECONDS, PodRef, PodsSource,
                                               PrometheusSource, parse_vllm_metrics)
 from test_autoscaler_actuator import ROOT, FakeKube
 from test_autoscaler_metrics import VLLM_METRICS
+from test_catalog import LLAMA_31_8B
 
 SLOW = Reply(200, VLLM_METRICS.encode(), trickle=0.1)  # a byte every 0.1 s: no single read is slow
 
@@ -198,3 +204,137 @@ def test_a_pod_ip_of_ipv6_is_bracketed():
     [sample] = source.read([PodRef("p", "ns", "::1", 1)])
     source.close()
     assert sample.error.startswith("GET http://[::1]:1/metrics: "), sample.error  # refused, or no IPv6 here
+
+
+# --------------------------------------------------------------------------- spec.model.configURL
+def config_plan(url: str, *, name: str = "acme/x", timeout: float = 1.0, configs=None, **model):
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["model"] = {"name": name, "configURL": url, **model}
+    return pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]), configs=configs,
+                                fetch=functools.partial(catalog.fetch_config, timeout=timeout))
+
+
+def config_problem(url: str, **kwargs) -> str:
+    plan = config_plan(url, **kwargs)
+    [problem] = plan.problems
+    assert problem.field == "spec.model.configURL" and SECRET not in problem.message
+    return problem.message.removeprefix(f"could not fetch config.json from {url}: ").removeprefix(
+        f"config.json at {url}: ")
+
+
+GOOD_CONFIG = Reply(200, json.dumps(LLAMA_31_8B).encode())
+
+
+@pytest.mark.parametrize("reply, category", [
+    (redirect_to("/secret"), "redirect refused"),
+    (Reply(404, SECRET.encode()), "HTTP 404"),  # the current code quoted the reason phrase
+    (secret_page(), "not JSON"),
+    (Reply(200, json.dumps([SECRET]).encode()), "not a JSON object"),
+    (Reply(200, b" " * (catalog.MAX_CONFIG_BYTES + 1)), "response larger than 1048576 bytes"),
+    (Reply(200, b'{"a":' * 100_000 + b"1" + b"}" * 100_000), "JSON nested deeper than 32 levels"),
+    (Reply(200, GOOD_CONFIG.body, trickle=0.1), "timed out"),
+])
+def test_a_hostile_config_url_is_a_problem_naming_the_field(reply, category):
+    with HostileServer({"/config.json": reply, "/secret": secret_page()}) as hub:
+        t0 = time.monotonic()
+        assert config_problem(f"{hub.base}/config.json") == category
+        assert time.monotonic() - t0 < 3.0, "one deadline for the whole fetch"
+        assert hub.requests == ["/config.json"]
+
+
+def test_a_config_of_empty_objects_is_refused_at_the_cap():
+    # 16 MiB of {"a":[{},{},...]} took the operator to 454 MiB; the cap is 1 MiB (bench/adversarial.py).
+    body = b'{"a":[' + b"{}," * (6 * 2**20) + b"{}]}"
+    with HostileServer({"/config.json": Reply(200, body)}) as hub:
+        assert config_problem(f"{hub.base}/config.json") == "response larger than 1048576 bytes"
+
+
+def test_the_operator_reads_no_local_file_for_a_tenant(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
+    for location in ("/etc/passwd", "/nonexistent", f"file://{tmp_path}/config.json", str(tmp_path)):
+        assert config_problem(location) == "not an http(s) URL", "the same answer whether or not it exists"
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["model"] = {"name": str(tmp_path)}  # a directory of the operator's: just an unknown model
+    plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]))
+    assert [p.field for p in plan.problems] == ["spec.model.architecture"]
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"num_hidden_layers": 10**30}, "numLayers"),
+    ({"num_hidden_layers": 1e308}, "numLayers"),
+    ({"hidden_size": 2_000_000, "head_dim": 128}, "hiddenSize"),
+    ({"vocab_size": int("9" * 4000)}, "vocabSize"),
+])
+def test_numbers_out_of_range_are_a_problem_naming_the_field(changes, field):
+    with HostileServer({"/config.json": Reply(200, json.dumps({**LLAMA_31_8B, **changes}).encode())}) as hub:
+        message = config_problem(f"{hub.base}/config.json")
+    assert message.startswith(f"out of range: {field} (input should be less than or equal to")
+
+
+_JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=10**20, max_value=10**400)
+    | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8)
+_CONFIG_KEYS = ["num_hidden_layers", "num_attention_heads", "hidden_size", "num_key_value_heads", "head_dim",
+                "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
+                "moe_intermediate_size", "torch_dtype", "tie_word_embeddings", "text_config"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(_CONFIG_KEYS), _JSON_VALUE, max_size=6), st.booleans())
+def test_any_config_json_is_a_plan_or_problems_never_an_exception(changes, catalog_model):
+    config = {**LLAMA_31_8B, **changes}
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    name = "meta-llama/Llama-3.1-8B-Instruct" if catalog_model else "acme/x"
+    doc["spec"]["model"] = {"name": name, "configURL": "https://hub.test/config.json"}
+    plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]),
+                                fetch=lambda url: json.loads(json.dumps(config)))
+    for problem in plan.problems:
+        assert problem.field.startswith("spec."), problem
+
+
+def test_a_hub_outage_keeps_the_last_good_facts_with_a_note():
+    clock = [1_000_000.0]
+    configs = catalog.ConfigCache(ttl=600, retry=60, clock=lambda: clock[0])
+    with HostileServer({"/config.json": GOOD_CONFIG}) as hub:
+        url = f"{hub.base}/config.json"
+        first = config_plan(url, configs=configs)
+        clock[0] += 300
+        assert config_plan(url, configs=configs).args == first.args and len(hub.requests) == 1, "within the TTL"
+    assert first.fits and not any("warning: could not fetch" in n for n in first.notes)
+    clock[0] += 301  # the TTL is over and the hub is gone
+    stale = config_plan(url, configs=configs)
+    assert stale.fits and stale.args == first.args
+    assert f"warning: could not fetch config.json from {url}: connection refused; planned with the facts it gave " \
+           "at 1970-01-12T13:46:40Z" in stale.notes
+    assert config_plan(url, configs=configs).notes == stale.notes, "the same note: no status churn"
+    other = config_plan(url, configs=configs, revision="v2")  # another revision was never fetched
+    assert [p.field for p in other.problems] == ["spec.model.configURL"]
+
+
+def test_a_failing_url_is_retried_after_the_retry_interval_not_every_reconcile():
+    clock = [0.0]
+    configs = catalog.ConfigCache(ttl=600, retry=60, clock=lambda: clock[0])
+    with HostileServer({"/config.json": Reply(200, GOOD_CONFIG.body, trickle=0.1)}) as slow:
+        url = f"{slow.base}/config.json"
+        assert config_problem(url, configs=configs) == "timed out"
+        t0 = time.monotonic()
+        for _ in range(5):
+            clock[0] += 10
+            assert config_problem(url, configs=configs) == "timed out"
+        assert time.monotonic() - t0 < 0.5 and len(slow.requests) == 1, "answered from the cache"
+        clock[0] += 10
+        assert config_problem(url, configs=configs) == "timed out"
+        assert len(slow.requests) == 2
+
+
+def test_the_config_cache_keeps_the_most_recently_used():
+    configs = catalog.ConfigCache(max_entries=2)
+    arch = api.ModelArchitecture(numLayers=2)
+    for url in ("a", "b", "a", "c"):
+        configs.facts(url, None, lambda: arch)
+    calls = []
+    configs.facts("a", None, lambda: calls.append("a") or arch)
+    configs.facts("b", None, lambda: calls.append("b") or arch)
+    assert calls == ["b"], "b was the least recently used of three"

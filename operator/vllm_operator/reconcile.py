@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import api, builders, events, pipeline
+from . import api, builders, catalog, events, pipeline
 from .autoscaler import ownership
 from .cache import WatchedObjects
 from .kube import ApiError, Kube
@@ -155,6 +155,8 @@ class Reconciler:
     hpa_api_version: str = "autoscaling/v2"
     clock: Callable[[], str] = utcnow
     fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
+    #: config.json facts fetched for servers, kept between reconciles (catalog.ConfigCache).
+    configs: catalog.ConfigCache = field(default_factory=catalog.ConfigCache)
     #: Watch-fed copies of servers, children and pods (cache.py); None: GET and LIST every time.
     objects: Optional[WatchedObjects] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
@@ -196,7 +198,8 @@ class Reconciler:
             kwargs = {"fetch": self.fetch_config} if self.fetch_config else {}
             plan = pipeline.plan_server(name, namespace, spec, hf_endpoint=self.hf_endpoint,
                                         default_prometheus_url=self.prometheus_url,
-                                        allow_unsafe_args=api.allows_unsafe_args(meta), **kwargs)
+                                        allow_unsafe_args=api.allows_unsafe_args(meta), configs=self.configs,
+                                        **kwargs)
             errors = [str(p) for p in plan.problems]
 
         old_valid = condition(status, "SpecValid")
