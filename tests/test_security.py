@@ -6,14 +6,17 @@ The review runs over every example and over fuzzed plausible specs (tests/test_f
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from vllm_operator import api, builders, pipeline
+from vllm_operator import api, builders, pipeline, planner
 from vllm_operator.planner import CREDENTIAL_FLAGS
 
 from test_fuzz import plausible  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest)
@@ -98,6 +101,50 @@ def test_plaintext_credentials_anywhere_in_the_spec_are_refused(kind, where, fie
     mine = [line for line in lines if line.startswith(field)]
     assert mine, lines
     assert any("credential" in line and ("Secret" in line or "hfTokenSecretRef" in line) for line in mine), mine
+
+
+#: The credential expression before it was made linear, as the reference for what it must keep finding.
+QUADRATIC_CREDENTIAL_VALUE = re.compile(
+    r"(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+    r"|(AKIA|ASIA)[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\."
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----|[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@)")
+#: Every credential shape, with its lengths and characters around the boundaries of what it takes.
+_TOKENISH = "aZ0_-.J"
+SHAPES = st.one_of(
+    *[st.builds(str.__add__, st.just(prefix), st.text(_TOKENISH, min_size=n - 3, max_size=n + 1))
+      for prefix, n in (("hf_", 16), ("sk-", 16), ("ghp_", 20), ("gho_", 20), ("github_pat_", 20), ("xoxb-", 10))],
+    st.builds(str.__add__, st.sampled_from(["AKIA", "ASIA", "AKIa"]), st.text("AZ09a", min_size=14, max_size=17)),
+    st.builds(lambda a, b, c, end: f"{a}eyJ{b}.eyJ{c}{end}", st.text("aZ0_-.eyJ", max_size=3),
+              st.text("aZ0_-eyJ", min_size=7, max_size=9), st.text("aZ0_-eyJ", min_size=7, max_size=9),
+              st.sampled_from([".", "", "-", " ."])),
+    st.builds(lambda scheme, user, colon, password, at: f"{scheme}://{user}{colon}{password}{at}",
+              st.text("az09+.-A", max_size=4), st.text("a:@/ ", max_size=3), st.sampled_from([":", ""]),
+              st.text("ab:@/ \n", max_size=3), st.sampled_from(["@", "", "/@"])),
+    st.builds(lambda kind, end: f"-----BEGIN {kind}{end}", st.text("AZ -", max_size=5),
+              st.sampled_from(["PRIVATE KEY-----", "PRIVATE KEY----", "PRIVATE KEY", ""])),
+)
+SEPARATORS = st.sampled_from(["", " ", "a", "-", ":", "/", "@", ".", "\n", "eyJ", "x://"])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(SHAPES | SEPARATORS, max_size=5).map("".join))
+def test_the_linear_credential_check_finds_exactly_what_the_quadratic_one_did(text):
+    assert bool(planner._CREDENTIAL_VALUE.search(text)) == bool(QUADRATIC_CREDENTIAL_VALUE.search(text)), text
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENS))
+def test_every_token_shape_is_still_found_inside_other_text(kind):
+    for text in (TOKENS[kind], f"note: {TOKENS[kind]} (rotated)", f"x{TOKENS[kind]}", f"a-{TOKENS[kind]}"):
+        assert planner._CREDENTIAL_VALUE.search(text), text
+
+
+@pytest.mark.parametrize("text", ["a" * 2**17, "eyJ" * 2**15, "a://b:" + "c" * 2**17, "-----BEGIN " + "A" * 2**17,
+                                  "x1" * 2**16, "eyJabcdefg." * 2**13])
+def test_no_annotation_makes_the_credential_check_slow(text):
+    # With the quadratic expression the first took about 17 s; a 400 KB annotation froze the operator.
+    t0 = time.monotonic()
+    assert refusals(document({"podAnnotations": {"note": text}})) == []
+    assert time.monotonic() - t0 < 2.0
 
 
 @pytest.mark.parametrize("name", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "DB_PASSWORD",
