@@ -338,3 +338,21 @@ def test_the_config_cache_keeps_the_most_recently_used():
     configs.facts("a", None, lambda: calls.append("a") or arch)
     configs.facts("b", None, lambda: calls.append("b") or arch)
     assert calls == ["b"], "b was the least recently used of three"
+
+
+# --------------------------------------------------------------------------- quantities
+@pytest.mark.parametrize("path", [("gpu", "memory"), ("gpu", "reservedMemory"), ("shmSize",), ("cache", "size"),
+                                  ("resources", "requests", "memory"), ("resources", "limits", "cpu")])
+@pytest.mark.parametrize("value", ["1e400", "1e-400", "1e1.5", "1e9999999", "9" * 400])
+def test_a_quantity_out_of_range_is_a_problem_naming_the_field(path, value):
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    node = doc["spec"]
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    spec, errors = pipeline.parse_spec(doc["spec"])  # the operator's way; the current code raised OverflowError,
+    assert spec is None                              # decimal.Overflow or decimal.InvalidOperation in the planner
+    assert [e.split(":", 1)[0] for e in errors] == ["spec." + ".".join(path)]
+    assert "out of range" in errors[0]
+    [document] = pipeline.load_documents(yaml.safe_dump(doc))  # the CLI's
+    assert [e.split(":", 1)[0] for e in document.errors] == ["spec." + ".".join(path)]

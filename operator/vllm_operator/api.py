@@ -60,16 +60,32 @@ _SUFFIX = {
 }
 
 
+#: The largest magnitude a quantity may have: Kubernetes' own are int64 (2^63 - 1, about 9.2e18: 8 EiB).
+MAX_QUANTITY = Decimal(2**63 - 1)
+#: The largest exponent, either way: Kubernetes' suffixes span 1e-9 to 1e18. Beyond this a quantity is only
+#: rounding to 0 or an overflow downstream ("1e400" bytes of GPU memory raised OverflowError in the planner).
+MAX_EXPONENT = 30
+
+
 def parse_quantity(value: str | int | float) -> Decimal:
-    """Parse a Kubernetes quantity ("24Gi", "23.58Gi", "500M", 1e9) into a Decimal."""
+    """Parse a Kubernetes quantity ("24Gi", "23.58Gi", "500M", 1e9) into a Decimal.
+
+    ValueError for anything else, and for what is out of range: a whole-number exponent within
+    +-MAX_EXPONENT, a magnitude of at most MAX_QUANTITY."""
     text = str(value).strip()
     if not _QUANTITY_RE.match(text):
         raise ValueError(f"{value!r} is not a Kubernetes quantity (for example 24Gi, 23.58Gi or 500M)")
-    m = re.match(r"^([+-]?[0-9.]+)([eE][+-]?[0-9.]+)?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$", text)
+    m = re.match(r"^([+-]?[0-9.]+)(?:[eE]([+-]?[0-9.]+))?(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$", text)
     if m is None:  # pragma: no cover - the pattern above already matched
         raise ValueError(f"{value!r} is not a Kubernetes quantity")
-    number = Decimal(m.group(1) + (m.group(2) or ""))
-    return number * Decimal(_SUFFIX[m.group(3) or ""])
+    mantissa, exponent, suffix = m.groups()
+    if exponent is not None and not (re.fullmatch(r"[+-]?[0-9]{1,3}", exponent) and abs(int(exponent)) <= MAX_EXPONENT):
+        raise ValueError(f"{value!r} is out of range: a quantity's exponent is a whole number within "
+                         f"+-{MAX_EXPONENT}")
+    number = Decimal(f"{mantissa}e{exponent or 0}") * Decimal(_SUFFIX[suffix or ""])
+    if abs(number) > MAX_QUANTITY:
+        raise ValueError(f"{value!r} is out of range: a quantity is at most 2^63 - 1 (about 9.2e18)")
+    return number
 
 
 def _check_quantity(value: str) -> str:
