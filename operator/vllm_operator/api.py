@@ -219,6 +219,10 @@ class ModelArchitecture(_Model):
     """The dtype the checkpoint is stored in (config.json: torch_dtype); used for dtype: auto."""
 
 
+#: Values that become vLLM arguments (the model, --served-model-name, --revision): one starting with '-'
+#: would be read as a flag ("--api-key=..." as a model name set vLLM's API key).
+NOT_A_FLAG_PATTERN = r"^[^-]"
+
 Quantization = Literal[
     "none", "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "bitsandbytes",
     "compressed-tensors", "gguf",
@@ -228,12 +232,13 @@ Quantization = Literal[
 class ModelSpec(_Model):
     """The model to serve."""
 
-    name: str = Field(..., min_length=1, max_length=512)
-    """Hugging Face model id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a path inside the cache volume."""
-    served_name: Optional[str] = Field(None, min_length=1, max_length=256, alias="servedName")
-    """Name clients use in the OpenAI API's "model" field (--served-model-name). Defaults to name."""
-    revision: Optional[str] = Field(None, min_length=1, max_length=256)
-    """Model revision (branch, tag or commit) to load (--revision)."""
+    name: str = Field(..., min_length=1, max_length=512, pattern=NOT_A_FLAG_PATTERN)
+    """Hugging Face model id (e.g. meta-llama/Llama-3.1-8B-Instruct) or a path in the cache volume; not starting with '-'."""
+    served_name: Optional[str] = Field(None, min_length=1, max_length=256, alias="servedName",
+                                       pattern=NOT_A_FLAG_PATTERN)
+    """Name clients use in the OpenAI API's "model" field (--served-model-name); defaults to name; not starting with '-'."""
+    revision: Optional[str] = Field(None, min_length=1, max_length=256, pattern=NOT_A_FLAG_PATTERN)
+    """Model revision (branch, tag or commit) to load (--revision), not starting with '-'."""
     quantization: Quantization = "none"
     """Weight quantization method (--quantization); none serves the checkpoint as stored."""
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"

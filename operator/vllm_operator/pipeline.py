@@ -83,8 +83,15 @@ def format_validation_error(err: pydantic.ValidationError, root: type[pydantic.B
         else:
             got = e.get("input")
             shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) else ""
-            lines.append((path, f"{path}: {e['msg']}{shown}"))
+            lines.append((path, f"{path}: {_message(e)}{shown}"))
     return [line for path, line in lines if not (path in suggested and line.endswith("required field is missing"))]
+
+
+def _message(error: Any) -> str:
+    """pydantic's message, in words for the one pattern whose reason it cannot say."""
+    if error["type"] == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == api.NOT_A_FLAG_PATTERN:
+        return "must not start with '-': vLLM would read it as a flag"
+    return error["msg"]
 
 
 def load_documents(text: str) -> list[Document]:

@@ -362,6 +362,16 @@ def credential_problems(spec: VLLMServerSpec) -> list[Problem]:
     return problems
 
 
+def flag_like_values(spec: VLLMServerSpec) -> list[Problem]:
+    """Spec values that become vLLM arguments and start with '-': vLLM would read them as flags. The API's
+    pattern refuses them already; this holds for a spec built without validation too (model_construct)."""
+    values = (("spec.model.name", spec.model.name, "the model"),
+              ("spec.model.servedName", spec.model.served_name, "--served-model-name's value"),
+              ("spec.model.revision", spec.model.revision, "--revision's value"))
+    return [Problem(where, f"{value!r} starts with '-': vLLM would read it as a flag, not as {what}")
+            for where, value, what in values if value and value.startswith("-")]
+
+
 def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None,
                allow_unsafe_args: bool = False) -> list[Problem]:
     """Semantic checks the CRD schema cannot express. Pure."""
@@ -403,6 +413,7 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
             add("spec.cache.size", "a DaemonSet cannot create a claim per pod; use cache.claimName (ReadWriteMany "
                 "or ReadOnlyMany)")
     problems.extend(credential_problems(spec))
+    problems.extend(flag_like_values(spec))
     for i, env in enumerate(spec.engine.env):
         where = f"spec.engine.env[{i}]"
         if env.name in OWNED_ENV:
