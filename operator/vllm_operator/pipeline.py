@@ -181,15 +181,15 @@ def plan_server(
     model_error = None
     model_error_field = "spec.model.architecture"
     base = None
-    sources = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files, "cache": configs}
+    resolving = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files, "cache": configs}
     try:
-        model = catalog.resolve_model(spec.model, **sources)
+        model = catalog.resolve_model(spec.model, **resolving)
     except catalog.UnknownModelError as exc:
         model, model_error = None, str(exc)
         base = quantized_base_name(spec.model.name)
         if base is not None:
             try:
-                resolved = catalog.resolve_model(spec.model.model_copy(update={"name": base}), **sources)
+                resolved = catalog.resolve_model(spec.model.model_copy(update={"name": base}), **resolving)
             except ValueError:
                 pass
             else:
