@@ -80,7 +80,7 @@ def parse_vllm_metrics(pod: str, text: str, at: float) -> Sample:
     answers, and prometheus_client's parser takes quadratic time in escaped label values (one 8 MiB
     line of them: minutes). A NaN or infinite value fails the sample: the policy then holds."""
     values: dict[str, list[float]] = {name: [] for name in _GAUGES}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # the format's only line end (splitlines also splits at \x1c, \x85, ...)
         if not line.startswith(_GAUGES):
             continue
         name = _NAME.match(line).group()  # type: ignore[union-attr] - matches the empty string at worst
