@@ -3,12 +3,15 @@ sorting pods into ready/starting/stuck, and who owns a StatefulSet's replicas.""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from e2e.hostile_http import HostileServer, Reply
 from vllm_operator.autoscaler import actuator, ownership
 from vllm_operator.autoscaler.metrics import (PodRef, PodsSource, PrometheusSource, parse_vllm_metrics,
                                               queue_query)
@@ -47,7 +50,7 @@ def test_parse_old_kv_cache_name_and_missing_gauges():
     s = parse_vllm_metrics("p", "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n", 0)
     assert not s.ok and "no vllm:num_requests_waiting" in s.error
     s = parse_vllm_metrics("p", "vllm:num_requests_waiting{engine=0 5\n", 0)
-    assert not s.ok and "Prometheus text format" in s.error
+    assert not s.ok and s.error == "/metrics: not Prometheus text"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -113,48 +116,36 @@ def test_prometheus_query_is_scoped_to_namespace_and_pods():
     assert q.count(" or ") == 3
 
 
-class FakeProm:
-    def __init__(self, result=None, error=None):
-        self.result, self.error, self.queries = result, error, []
-
-    def custom_query(self, query):
-        self.queries.append(query)
-        if self.error:
-            raise self.error
-        return self.result
-
-
 def _series(pod, q, value):
     return {"metric": {"pod": pod, "q": q}, "value": [1700000000.0, str(value)]}
 
 
+def _prometheus(*series, status="success") -> Reply:
+    return Reply(200, json.dumps({"status": status, "data": {"resultType": "vector", "result": list(series)}}).encode())
+
+
 def test_prometheus_source_marks_missing_and_stale_pods_not_ok():
-    prom = FakeProm([_series("s-0", "waiting", 4), _series("s-0", "running", 2), _series("s-0", "kv", 0.3),
-                     _series("s-0", "age", 1.5), _series("s-1", "waiting", 0), _series("s-1", "age", 300)])
-    source = PrometheusSource("http://prom:9090/", connect=lambda *a, **k: prom)
-    s0, s1, s2 = source.read([PodRef("s-0", "ns", "ip"), PodRef("s-1", "ns", "ip"), PodRef("s-2", "ns", "ip")])
+    answer = _prometheus(_series("s-0", "waiting", 4), _series("s-0", "running", 2), _series("s-0", "kv", 0.3),
+                         _series("s-0", "age", 1.5), _series("s-1", "waiting", 0), _series("s-1", "age", 300))
+    with HostileServer({"/api/v1/query": answer}) as prom:
+        source = PrometheusSource(prom.base + "/")
+        s0, s1, s2 = source.read([PodRef("s-0", "ns", "ip"), PodRef("s-1", "ns", "ip"), PodRef("s-2", "ns", "ip")])
     assert (s0.ok, s0.waiting, s0.running, s0.kv_cache_usage) == (True, 4.0, 2.0, 0.3)
     assert not s1.ok and "300s old" in s1.error
     assert not s2.ok and "has no vllm:num_requests_waiting for this pod" in s2.error
-    assert len(prom.queries) == 1
+    [query] = prom.requests
+    assert urllib.parse.parse_qs(urllib.parse.urlsplit(query).query)["query"] == [
+        queue_query([PodRef("s-0", "ns", "ip"), PodRef("s-1", "ns", "ip"), PodRef("s-2", "ns", "ip")])]
 
 
 def test_prometheus_down_fails_every_pod_with_the_reason():
-    err = ConnectionError("HTTPConnectionPool(host='127.0.0.1', port=9): Max retries exceeded "
-                          "(Caused by NewConnectionError(... [Errno 111] Connection refused))")
-    source = PrometheusSource("http://127.0.0.1:9", connect=lambda *a, **k: FakeProm(error=err))
-    samples = source.read([PodRef("s-0", "ns", "ip"), PodRef("s-1", "ns", "ip")])
-    assert [s.ok for s in samples] == [False, False]
-    assert samples[0].error == "Prometheus http://127.0.0.1:9 did not answer: connection refused"
-    assert source.read([]) == []
-
-
-def test_prometheus_source_with_the_real_client_against_nothing():
     source = PrometheusSource("http://127.0.0.1:1", timeout=1.0)
     t0 = time.monotonic()
-    [s] = source.read([PodRef("s-0", "ns", "ip")])
-    assert not s.ok and "connection refused" in s.error
+    samples = source.read([PodRef("s-0", "ns", "ip"), PodRef("s-1", "ns", "ip")])
+    assert [s.ok for s in samples] == [False, False]
+    assert samples[0].error == "Prometheus http://127.0.0.1:1: connection refused"
     assert time.monotonic() - t0 < 1.0, "no retries with backoff: the next tick is the retry"
+    assert source.read([]) == []
 
 
 # --------------------------------------------------------------------------- pods

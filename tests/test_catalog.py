@@ -33,6 +33,7 @@ from vllm_operator.catalog import (
     known_models,
     lookup_gpu,
     lookup_model,
+    read_config_file,
     resolve_model,
 )
 
@@ -419,8 +420,8 @@ def test_an_unreadable_config_is_reported_under_the_field_that_named_it(tmp_path
     doc["spec"]["model"] = {"name": "acme/x", "configURL": "https://example.test/x.json"}
     plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]), fetch=failing)
     assert [(p.field, "HTTP 404" in p.message) for p in plan.problems] == [("spec.model.configURL", True)]
-    doc["spec"]["model"] = {"name": str(tmp_path)}  # a local model directory without config.json
-    plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]))
+    doc["spec"]["model"] = {"name": str(tmp_path)}  # a local model directory without config.json (the CLI reads it)
+    plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]), local_files=True)
     assert [p.field for p in plan.problems] == ["spec.model.name"], plan.problems
     doc["spec"]["model"] = {"name": "acme/x"}  # unknown, nothing fetched: the architecture is what to set
     plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]))
@@ -429,7 +430,7 @@ def test_an_unreadable_config_is_reported_under_the_field_that_named_it(tmp_path
 
 def test_resolve_local_directory(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
-    resolved = resolve_model(spec(str(tmp_path)))
+    resolved = resolve_model(spec(str(tmp_path)), local_files=True)
     assert resolved.architecture.head_dim == 128
     assert resolved.source == f"config.json ({tmp_path})"
     assert resolved.estimated == ("parameter_count",)
@@ -525,9 +526,9 @@ def test_fetch_404_names_the_url(hub):
 
 def test_fetch_invalid_json_names_the_url(hub):
     url = f"{hub}/acme/broken/resolve/main/config.json"
-    with pytest.raises(ValueError, match="not valid JSON") as info:
+    with pytest.raises(ValueError) as info:
         fetch_config(url)
-    assert url in str(info.value)
+    assert str(info.value) == f"config.json at {url}: not JSON"
 
 
 def test_fetch_unreachable_endpoint_is_a_clear_error():
@@ -549,12 +550,22 @@ def test_hf_endpoint_failure_is_harmless_when_spec_is_complete(hub):
     assert resolved.source == "spec"
 
 
-def test_fetch_local_file_and_directory(tmp_path: Path):
+def test_read_local_file_and_directory(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
-    assert fetch_config(str(tmp_path)) == QWEN3_8B
-    assert fetch_config(str(tmp_path / "config.json")) == QWEN3_8B
+    assert read_config_file(str(tmp_path)) == QWEN3_8B
+    assert read_config_file(f"file://{tmp_path / 'config.json'}") == QWEN3_8B
     with pytest.raises(ValueError, match="could not read"):
-        fetch_config(str(tmp_path / "nope.json"))
+        read_config_file(str(tmp_path / "nope.json"))
+
+
+def test_the_operator_never_reads_its_own_files(tmp_path: Path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    for location in (str(tmp_path), str(tmp_path / "config.json"), f"file://{tmp_path / 'config.json'}"):
+        with pytest.raises(ValueError) as info:
+            fetch_config(location)
+        assert str(info.value) == f"could not fetch config.json from {location}: not an http(s) URL"
+    with pytest.raises(UnknownModelError):  # a name that is a directory here is just an unknown model's name
+        resolve_model(spec(str(tmp_path)))
 
 
 def test_no_network_at_import():

@@ -126,7 +126,7 @@ def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[Plan], bool]:
             continue
         s = doc.server
         plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=args.hf_endpoint,
-                                    allow_unsafe_args=api.allows_unsafe_args(s.metadata))
+                                    allow_unsafe_args=api.allows_unsafe_args(s.metadata), local_files=True)
         plans.append(plan)
         ok = ok and plan.fits
     return plans, ok

@@ -170,22 +170,26 @@ def plan_server(
     fetch: Callable[..., dict] = catalog.fetch_config,
     default_prometheus_url: Optional[str] = None,
     allow_unsafe_args: bool = False,
+    local_files: bool = False,
+    configs: Optional[catalog.ConfigCache] = None,
 ) -> planner.Plan:
     """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan.
 
-    `allow_unsafe_args`: api.allows_unsafe_args(metadata), the escape hatch for --host/--port in extraArgs."""
+    `allow_unsafe_args`: api.allows_unsafe_args(metadata), the escape hatch for --host/--port in extraArgs.
+    `local_files`: a model directory or config.json path is read from this machine (the CLI; never the
+    operator). `configs`: the operator's cache of fetched config.json facts."""
     model_error = None
     model_error_field = "spec.model.architecture"
     base = None
+    resolving = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files, "cache": configs}
     try:
-        model = catalog.resolve_model(spec.model, hf_endpoint=hf_endpoint, fetch=fetch)
+        model = catalog.resolve_model(spec.model, **resolving)
     except catalog.UnknownModelError as exc:
         model, model_error = None, str(exc)
         base = quantized_base_name(spec.model.name)
         if base is not None:
             try:
-                resolved = catalog.resolve_model(spec.model.model_copy(update={"name": base}),
-                                                 hf_endpoint=hf_endpoint, fetch=fetch)
+                resolved = catalog.resolve_model(spec.model.model_copy(update={"name": base}), **resolving)
             except ValueError:
                 pass
             else:
@@ -198,6 +202,8 @@ def plan_server(
         model_error_field = "spec.model.configURL" if spec.model.config_url else "spec.model.name"
     plan = planner.plan(name, namespace, spec, model, model_error=model_error, model_error_field=model_error_field,
                         default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args)
+    if model is not None:
+        plan.notes.extend(model.notes)
     if model is not None and base is not None and spec.model.quantization == "none":
         plan.notes.append(f"{spec.model.name} looks like a quantized checkpoint of {base}, but model.quantization is "
                           "none: its weights were sized as 16-bit; set model.quantization (e.g. awq_marlin) to size "

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import api, apierrors, builders, events, failures, kvcapacity, pipeline, podsecurity, replan
+from . import api, apierrors, builders, catalog, events, failures, kvcapacity, pipeline, podsecurity, replan
 from .autoscaler import ownership
 from .cache import WatchedObjects
 from .kube import ApiError, Kube
@@ -181,6 +181,8 @@ class Reconciler:
     prometheus_url: Optional[str] = None
     clock: Callable[[], str] = utcnow
     fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
+    #: config.json facts fetched for servers, kept between reconciles (catalog.ConfigCache).
+    configs: catalog.ConfigCache = field(default_factory=catalog.ConfigCache)
     #: Watch-fed copies of servers, children and pods (cache.py); None: GET and LIST every time.
     objects: Optional[WatchedObjects] = None
     #: The Events about some objects of a namespace (namespace, [workload, *pods]) -> Events, for the failures
@@ -238,7 +240,8 @@ class Reconciler:
             kwargs = {"fetch": self.fetch_config} if self.fetch_config else {}
             plan = pipeline.plan_server(name, namespace, spec, hf_endpoint=self.hf_endpoint,
                                         default_prometheus_url=self.prometheus_url,
-                                        allow_unsafe_args=api.allows_unsafe_args(meta), **kwargs)
+                                        allow_unsafe_args=api.allows_unsafe_args(meta), configs=self.configs,
+                                        **kwargs)
             errors = [str(p) for p in plan.problems]
         if not errors:
             assert plan is not None

@@ -20,7 +20,6 @@ import asyncio
 import copy
 import datetime as dt
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -154,15 +153,13 @@ def post_event(kube: Kube, body: dict[str, Any], type_: str, reason: str, messag
 
 # --------------------------------------------------------------------------- sources
 class Sources:
-    """The metrics sources, shared by every server's loop (one scrape pool, one client per Prometheus)."""
+    """The metrics sources, shared by every server's loop (one scrape pool for all pods)."""
 
     def __init__(self, default_prometheus_url: Optional[str] = None, pods: Optional[MetricsSource] = None,
                  prometheus: Callable[[str], MetricsSource] = PrometheusSource):
         self.default_prometheus_url = default_prometheus_url
         self.pods = pods or PodsSource()
-        self._prometheus_factory = prometheus
-        self._prometheus: dict[str, MetricsSource] = {}
-        self._lock = threading.Lock()
+        self._prometheus = prometheus
         #: The KV cache each pod's vLLM allocated: recorded from the ticks' pod scrapes, and scraped now and then
         #: in the same pool for the reconciler's status.kvCapacity when no tick scrapes the pod (kvcapacity.py).
         self.kv_capacity = kvcapacity.Observations(submit=getattr(self.pods, "submit", None))
@@ -174,10 +171,8 @@ class Sources:
         url = spec.prometheus_url or self.default_prometheus_url
         if not url:
             return None, "source: Prometheus needs prometheusURL or the operator's --prometheus-url"
-        with self._lock:
-            if url not in self._prometheus:
-                self._prometheus[url] = self._prometheus_factory(url)
-            return self._prometheus[url], f"Prometheus {url}"
+        # A new one per tick: it holds no connection, and one kept per URL grew with every URL a tenant tried.
+        return self._prometheus(url), f"Prometheus {url}"
 
 
 # --------------------------------------------------------------------------- one server's loop

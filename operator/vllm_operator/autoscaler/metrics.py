@@ -2,19 +2,24 @@
 
 Both sources answer one `Sample` per pod asked about, in the same order. A pod whose
 numbers could not be read comes back with ``ok=False`` and the reason in ``error``: the
-policy then holds the replica count instead of guessing.
+policy then holds the replica count instead of guessing. The reason goes to the status and an
+Event, so it says what failed in words of ours ("redirect refused", "non-finite value"), never
+with anything the pod or Prometheus answered.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from .. import fetch
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
@@ -24,9 +29,21 @@ KV_CACHE_USAGE_OLD = "vllm:gpu_cache_usage_perc"
 #: An info gauge (value 1) whose labels are vLLM's CacheConfig, among them the KV blocks it allocated:
 #: num_gpu_blocks x block_size is the KV cache's capacity in tokens (one series per engine).
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+_WANTED = (WAITING, RUNNING, KV_CACHE_USAGE, KV_CACHE_USAGE_OLD, CACHE_CONFIG_INFO)
+#: Longest sample line of the wanted families handed to the parser: vLLM 0.32's longest (cache_config_info,
+#: 33 labels) is 1,060 bytes. prometheus_client's parser is quadratic within a line of escaped label values
+#: (one 8 MiB line: minutes), so bounding each line makes the parse linear in what it reads...
+MAX_LINE_BYTES = 4096
+#: ... and this bounds what it reads: a pod's wanted lines, one per engine and family, are ~2 KB per engine
+#: (at worst 0.4 us a byte: 0.1 s; bench/adversarial.py).
+MAX_SELECTED_BYTES = 256 * 1024
 
 #: Largest /metrics body read from a pod (vLLM's is ~30 KB; histograms per LoRA adapter can grow it).
 MAX_METRICS_BYTES = 8 * 2**20
+#: Largest Prometheus answer read: four series of ~250 bytes per pod is 1 MB for 1,000 replicas.
+MAX_PROMETHEUS_BYTES = 8 * 2**20
+#: How long a scrape may take beyond its fetch's deadline: parsing MAX_METRICS_BYTES takes ~0.2 s.
+PARSE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,9 @@ class MetricsSource(Protocol):
 
 
 # --------------------------------------------------------------------------- pods
+_NAME = re.compile(r"[^{\s]*")
+
+
 def kv_capacity_tokens(labels: dict[str, str]) -> Optional[int]:
     """num_gpu_blocks x block_size from one vllm:cache_config_info series (None when either is missing or
     not a positive integer, as vLLM writes "None" before the cache is allocated)."""
@@ -77,84 +97,106 @@ def kv_capacity_tokens(labels: dict[str, str]) -> Optional[int]:
     return blocks * size if blocks > 0 and size > 0 else None
 
 
+def wanted_lines(text: str) -> Optional[str]:
+    """The sample lines of the families we read, or None when one of them is longer than MAX_LINE_BYTES or
+    all of them together longer than MAX_SELECTED_BYTES.
+
+    A linear scan: the body is whatever the tenant's pod answers (up to MAX_METRICS_BYTES), and only what
+    it selects, each line bounded, reaches prometheus_client's parser. Lines end at '\n' only, the format's
+    line end (splitlines also splits at \x1c, \x85, ... inside a label value)."""
+    kept, size = [], 0
+    for line in text.split("\n"):
+        if not line.startswith(_WANTED):
+            continue
+        if _NAME.match(line).group() not in _WANTED:  # type: ignore[union-attr] - matches "" at worst
+            continue  # e.g. vllm:num_requests_waiting_by_reason
+        size += len(line) + 1
+        if len(line) > MAX_LINE_BYTES or size > MAX_SELECTED_BYTES:
+            return None
+        kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def parse_vllm_metrics(pod: str, text: str, at: float) -> Sample:
     """The queue gauges from a Prometheus text exposition: waiting/running summed over the
     `engine` (and model) labels, KV cache usage averaged over engines, and the KV cache's capacity
-    in tokens (vllm:cache_config_info) summed over engines."""
+    in tokens (vllm:cache_config_info) summed over engines.
+
+    prometheus_client's parser reads the lines `wanted_lines` selects. A failure is a category, never a
+    quote of the body; a NaN or infinite value fails the sample: the policy then holds."""
+    selected = wanted_lines(text)
+    if selected is None:
+        return Sample.failed(pod, f"/metrics: vLLM's gauges take more than {MAX_SELECTED_BYTES} bytes "
+                             f"or a line more than {MAX_LINE_BYTES}", at)
+    values: dict[str, list[float]] = {name: [] for name in _WANTED}
     capacity: dict[str, int] = {}
-    waiting: list[float] = []
-    running: list[float] = []
-    kv: list[float] = []
-    kv_old: list[float] = []
-    wanted = {WAITING: waiting, RUNNING: running, KV_CACHE_USAGE: kv, KV_CACHE_USAGE_OLD: kv_old}
     try:
-        for family in text_string_to_metric_families(text):
-            if family.name == CACHE_CONFIG_INFO:
-                for s in family.samples:
+        for family in text_string_to_metric_families(selected):
+            for s in family.samples:
+                if s.name == CACHE_CONFIG_INFO:
                     tokens = kv_capacity_tokens(s.labels)
                     if tokens is not None:
                         capacity[s.labels.get("engine", "")] = tokens
-                continue
-            bucket = wanted.get(family.name)
-            if bucket is None:
-                continue
-            bucket.extend(s.value for s in family.samples if s.name == family.name)
-    except ValueError as e:
-        return Sample.failed(pod, f"/metrics is not in the Prometheus text format: {e}", at)
-    if not waiting:
+                elif s.name in values:
+                    values[s.name].append(s.value)
+    except Exception:  # noqa: BLE001 - whatever the parser raises, its message may quote the body
+        return Sample.failed(pod, "/metrics: not Prometheus text", at)
+    if not values[WAITING]:
         return Sample.failed(pod, f"/metrics has no {WAITING} (is this a vLLM server?)", at)
-    kv = kv or kv_old
-    return Sample(pod=pod, waiting=sum(waiting), running=sum(running),
-                  kv_cache_usage=(sum(kv) / len(kv)) if kv else None,
-                  kv_capacity_tokens=sum(capacity.values()) if capacity else None, scraped_at=at)
+    kv = values[KV_CACHE_USAGE] or values[KV_CACHE_USAGE_OLD]
+    sample = Sample(pod=pod, waiting=sum(values[WAITING]), running=sum(values[RUNNING]),
+                    kv_cache_usage=(sum(kv) / len(kv)) if kv else None,
+                    kv_capacity_tokens=sum(capacity.values()) if capacity else None, scraped_at=at)
+    if not _finite(sample.waiting, sample.running, sample.kv_cache_usage):
+        return Sample.failed(pod, "/metrics: non-finite value", at)
+    return sample
 
 
-def _http_get(url: str, timeout: float) -> str:
-    # No proxy: pod IPs are reached directly, whatever HTTP(S)_PROXY the operator's pod has.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=timeout) as resp:
-        return resp.read(MAX_METRICS_BYTES).decode("utf-8", "replace")
+def _finite(*values: Optional[float]) -> bool:
+    return all(v is None or math.isfinite(v) for v in values)
 
 
-def _describe(e: BaseException) -> str:
-    if isinstance(e, urllib.error.HTTPError):
-        return f"HTTP {e.code}"
-    if isinstance(e, urllib.error.URLError):
-        e = e.reason if isinstance(e.reason, BaseException) else e
-    if isinstance(e, TimeoutError) or "timed out" in str(e):
-        return "timed out"
-    if isinstance(e, ConnectionRefusedError):
-        return "connection refused"
-    return str(e) or type(e).__name__
+def _metrics_url(pod: PodRef) -> str:
+    host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip  # an IPv6 pod IP
+    return f"http://{host}:{pod.port}/metrics"
 
 
 class PodsSource:
-    """Scrape ``http://{podIP}:{port}/metrics`` of every ready pod at once, with a short timeout.
+    """Scrape ``http://{podIP}:{port}/metrics`` of every ready pod at once, each within a total deadline.
 
-    One instance serves the whole operator: its thread pool bounds the concurrent scrapes.
+    One instance serves the whole operator: its thread pool bounds the concurrent scrapes, and since every
+    scrape ends within its deadline and every wait for one too, a tenant's slow pods hold it that long at most.
+    Pod IPs are reached directly, whatever HTTP(S)_PROXY the operator's pod has.
     """
 
-    def __init__(self, timeout: float = 1.0, max_workers: int = 16,
-                 fetch: Callable[[str, float], str] = _http_get):
+    def __init__(self, timeout: float = 1.0, max_workers: int = 16):
         self.timeout = timeout
-        self.fetch = fetch
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="vllm-scrape")
 
     def read(self, pods: Sequence[PodRef]) -> list[Sample]:
         futures = [self._pool.submit(self._scrape, pod) for pod in pods]
-        return [f.result() for f in futures]
+        until = time.monotonic() + self.timeout + PARSE_SECONDS
+        return [self._wait(future, pod, until) for future, pod in zip(futures, pods)]
+
+    def _wait(self, future: "Future[Sample]", pod: PodRef, until: float) -> Sample:
+        try:
+            return future.result(timeout=max(0.0, until - time.monotonic()))
+        except TimeoutError:
+            # Still queued: other servers' scrapes held every worker. Cancelled, so it never runs late.
+            why = "not scraped in time: every scraper was busy" if future.cancel() else "timed out"
+            return Sample.failed(pod.name, f"GET {_metrics_url(pod)}: {why}")
 
     def submit(self, pod: PodRef) -> "Future[Sample]":
         """Scrape one pod in the same bounded pool without waiting for it (kvcapacity.py's light scrape)."""
         return self._pool.submit(self._scrape, pod)
 
     def _scrape(self, pod: PodRef) -> Sample:
-        url = f"http://{pod.ip}:{pod.port}/metrics"
+        url = _metrics_url(pod)
         try:
-            text = self.fetch(url, self.timeout)
-        except Exception as e:  # noqa: BLE001 - any failure is a missing sample, reported as such
-            return Sample.failed(pod.name, f"GET {url}: {_describe(e)}")
-        return parse_vllm_metrics(pod.name, text, time.time())
+            body = fetch.get(url, seconds=self.timeout, max_bytes=MAX_METRICS_BYTES, accept="text/plain")
+        except fetch.FetchError as e:
+            return Sample.failed(pod.name, f"GET {url}: {e}")
+        return parse_vllm_metrics(pod.name, body.decode("utf-8", "replace"), time.time())
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -188,57 +230,77 @@ def queue_query(pods: Sequence[PodRef]) -> str:
 
 
 class PrometheusSource:
-    """Instant queries through prometheus-api-client, scoped to the server's namespace and pods.
+    """One instant query (GET /api/v1/query), scoped to the server's namespace and pods.
 
     A pod missing from the answer (not scraped yet, target down: Prometheus marks its series
     stale) or whose newest sample is older than ``stale_seconds`` is reported as not ok.
+
+    The URL may be a tenant's (spec.autoscaling.prometheusURL), so the query goes through the fetch helper
+    like a pod scrape, not prometheus-api-client: that client mounts its own requests adapter on the URL
+    (redirects followed), reads whole bodies, times out per socket read, and quotes the body in its errors.
     """
 
-    def __init__(self, url: str, timeout: float = 2.0, stale_seconds: float = 60.0, connect=None):
-        from prometheus_api_client import PrometheusConnect
-        from urllib3.util.retry import Retry
-
+    def __init__(self, url: str, timeout: float = 2.0, stale_seconds: float = 60.0):
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.stale_seconds = stale_seconds
-        # No retries: the next tick is the retry, and a hold must not wait for backoffs.
-        self.prom = (connect or PrometheusConnect)(self.url, retry=Retry(total=0), timeout=timeout)
 
     def read(self, pods: Sequence[PodRef]) -> list[Sample]:
         if not pods:
             return []
         now = time.time()
         try:
-            result = self.prom.custom_query(queue_query(pods))
-        except Exception as e:  # noqa: BLE001 - unreachable or failing Prometheus: every pod is missing
-            reason = f"Prometheus {self.url} did not answer: {_describe_prometheus(e)}"
-            return [Sample.failed(p.name, reason, now) for p in pods]
-        values: dict[str, dict[str, float]] = {}
-        for item in result or []:
-            labels = item.get("metric", {})
-            try:
-                values.setdefault(labels.get("pod", ""), {})[labels.get("q", "")] = float(item["value"][1])
-            except (KeyError, IndexError, TypeError, ValueError):
-                continue
-        samples = []
-        for p in pods:
-            v = values.get(p.name, {})
-            if "waiting" not in v:
-                samples.append(Sample.failed(p.name, f"Prometheus {self.url} has no {WAITING} for this pod "
-                                             "(not scraped yet, or its target is down)", now))
-            elif v.get("age", 0.0) > self.stale_seconds:
-                samples.append(Sample.failed(p.name, f"Prometheus's newest {WAITING} for this pod is "
-                                             f"{v['age']:.0f}s old (stale after {self.stale_seconds:.0f}s)", now))
-            else:
-                samples.append(Sample(pod=p.name, waiting=v["waiting"], running=v.get("running", 0.0),
-                                      kv_cache_usage=v.get("kv"), scraped_at=now - v.get("age", 0.0)))
-        return samples
+            values = self._query(queue_query(pods))
+        except fetch.FetchError as e:  # unreachable or failing Prometheus: every pod is missing
+            return [Sample.failed(p.name, f"Prometheus {self.url}: {e}", now) for p in pods]
+        return [self._sample(p, values.get(p.name, {}), now) for p in pods]
+
+    def _query(self, query: str) -> dict[str, dict[str, float]]:
+        # No retries: the next tick is the retry, and a hold must not wait for backoffs.
+        body = fetch.get(f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': query})}",
+                         seconds=self.timeout, max_bytes=MAX_PROMETHEUS_BYTES, accept="application/json",
+                         use_proxy=True)
+        return query_values(fetch.load_json(body))
+
+    def _sample(self, pod: PodRef, v: dict[str, float], now: float) -> Sample:
+        if "waiting" not in v:
+            return Sample.failed(pod.name, f"Prometheus {self.url} has no {WAITING} for this pod "
+                                 "(not scraped yet, or its target is down)", now)
+        if not _finite(*v.values()):
+            return Sample.failed(pod.name, f"Prometheus {self.url}: non-finite value", now)
+        if v.get("age", 0.0) > self.stale_seconds:
+            return Sample.failed(pod.name, f"Prometheus's newest {WAITING} for this pod is "
+                                 f"{v['age']:.0f}s old (stale after {self.stale_seconds:.0f}s)", now)
+        return Sample(pod=pod.name, waiting=v["waiting"], running=v.get("running", 0.0),
+                      kv_cache_usage=v.get("kv"), scraped_at=now - v.get("age", 0.0))
 
 
-def _describe_prometheus(e: BaseException) -> str:
-    text = str(e)
-    if "Connection refused" in text or "NewConnectionError" in text:
-        return "connection refused"
-    if "timed out" in text.lower():
-        return "timed out"
-    return text[:300] or type(e).__name__
+def query_values(answer: Any) -> dict[str, dict[str, float]]:
+    """{pod: {q: value}} from an instant query's answer; series of another shape are skipped, and an
+    answer without data.result is FetchError("not a Prometheus answer")."""
+    data = answer.get("data") if isinstance(answer, dict) else None
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list):
+        raise fetch.FetchError("not a Prometheus answer")
+    values: dict[str, dict[str, float]] = {}
+    for item in result:
+        series = _series(item)
+        if series is not None:
+            pod, q, value = series
+            values.setdefault(pod, {})[q] = value
+    return values
+
+
+def _series(item: Any) -> Optional[tuple[str, str, float]]:
+    """(pod, q, value) of one vector element: {"metric": {"pod": ..., "q": ...}, "value": [time, "1.5"]}."""
+    labels = item.get("metric") if isinstance(item, dict) else None
+    value = item.get("value") if isinstance(item, dict) else None
+    if not (isinstance(labels, dict) and isinstance(value, list) and len(value) == 2 and isinstance(value[1], str)):
+        return None
+    pod, q = labels.get("pod"), labels.get("q")
+    if not (isinstance(pod, str) and isinstance(q, str)):
+        return None
+    try:
+        return pod, q, float(value[1])
+    except ValueError:
+        return None

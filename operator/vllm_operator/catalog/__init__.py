@@ -6,34 +6,40 @@ GPU have?" -- from built-in data (``models.yaml``, ``gpus.yaml``), a model's
 ``spec.model.architecture`` overrides, in that order of precedence. Fields nobody
 gave are derived where the arithmetic is unambiguous and reported as estimated.
 
-Pure apart from :func:`fetch_config`, which the caller can replace; nothing here
-touches the network at import time, and the YAML files are read once.
+Pure apart from :func:`fetch_config` (which the caller can replace, and :class:`ConfigCache`
+can keep answers of) and :func:`read_config_file`, which only the offline CLI uses: in the
+operator a config.json comes over http(s) or not at all, since the operator's own files are
+none of a tenant's business. Nothing here touches the network at import time, and the YAML
+files are read once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import difflib
 import functools
-import http.client
-import json
 import os
 import re
-import socket
-import urllib.error
+import threading
+import time
 import urllib.parse
-import urllib.request
+from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Optional
 
+import pydantic
 import yaml
 
+from .. import fetch as net
 from ..api import ModelArchitecture, ModelSpec
 
 __all__ = [
     "GPUInfo",
     "GPUMatch",
     "ResolvedModel",
+    "ConfigCache",
     "UnknownModelError",
     "architecture_from_config",
     "estimate_parameter_count",
@@ -47,6 +53,7 @@ __all__ = [
     "mig_profiles",
     "near_gpu_names",
     "lookup_model",
+    "read_config_file",
     "resolve_model",
 ]
 
@@ -56,7 +63,10 @@ ARCH_FIELDS: tuple[str, ...] = tuple(ModelArchitecture.model_fields)
 CAMEL: dict[str, str] = {
     name: (field.alias or name) for name, field in ModelArchitecture.model_fields.items()
 }
-_MAX_CONFIG_BYTES = 16 * 2**20
+#: The largest config.json read. Real ones are under 100 KB (most under 10 KB; the long ones list
+#: id2label maps or quantization ignore lists), so 1 MiB is ten times that, and parsing 1 MiB of the
+#: worst JSON for memory (empty objects) peaks at tens of MB, where 16 MiB of it peaked at 454 MiB RSS.
+MAX_CONFIG_BYTES = 2**20
 
 
 # --------------------------------------------------------------------------- types
@@ -67,6 +77,8 @@ class ResolvedModel:
     architecture: ModelArchitecture
     source: str
     estimated: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    """For the plan's notes: e.g. that config.json could not be fetched again and older facts stand in."""
 
 
 class UnknownModelError(ValueError):
@@ -233,7 +245,7 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
     hidden_size / num_attention_heads). ``parameter_count`` is never in config.json.
     """
     if not isinstance(config, dict):
-        raise ValueError("config.json must be a JSON object")
+        raise ValueError("not a JSON object")
     cfg = dict(config)
     for nested in ("text_config", "language_config", "llm_config"):
         inner = config.get(nested)
@@ -258,7 +270,7 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
     if experts is not None and moe_intermediate is not None:
         intermediate = moe_intermediate  # per-expert width: what the parameter estimate multiplies
     dtype_raw = _first(cfg, "torch_dtype", "dtype")
-    dtype = _DTYPES.get(str(dtype_raw).lower()) if dtype_raw is not None else None
+    dtype = _DTYPES.get(dtype_raw.lower()) if isinstance(dtype_raw, str) else None
     tie = cfg.get("tie_word_embeddings")
 
     fields: dict[str, Any] = {
@@ -276,46 +288,112 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
         "tie_word_embeddings": tie if isinstance(tie, bool) else None,
         "torch_dtype": dtype,
     }
-    return ModelArchitecture.model_validate({k: v for k, v in fields.items() if v is not None})
-
-
-def fetch_config(url_or_path: str, *, timeout: float = 5.0) -> dict[str, Any]:
-    """Load a config.json from an http(s) URL, a file, or a directory holding config.json."""
-    target = url_or_path.strip()
-    scheme = urllib.parse.urlparse(target).scheme.lower()
-    if scheme in ("http", "https"):
-        request = urllib.request.Request(
-            target, headers={"Accept": "application/json", "User-Agent": "vllm-operator"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-                raw = response.read(_MAX_CONFIG_BYTES + 1)
-        except urllib.error.HTTPError as err:
-            raise ValueError(f"could not fetch config.json from {target}: HTTP {err.code} {err.reason}") from err
-        except (urllib.error.URLError, socket.timeout, TimeoutError, OSError, http.client.HTTPException) as err:
-            # HTTPException: also a malformed URL, e.g. http.client.InvalidURL for "https://user:pw@host/"
-            reason = getattr(err, "reason", err)
-            raise ValueError(f"could not fetch config.json from {target}: {reason}") from err
-        where = target
-    else:
-        path = target[len("file://"):] if scheme == "file" else target
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        try:
-            with open(path, "rb") as handle:
-                raw = handle.read(_MAX_CONFIG_BYTES + 1)
-        except OSError as err:
-            raise ValueError(f"could not read config.json at {path}: {err.strerror or err}") from err
-        where = path
-    if len(raw) > _MAX_CONFIG_BYTES:
-        raise ValueError(f"config.json at {where} is larger than {_MAX_CONFIG_BYTES} bytes")
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"config.json at {where} is not valid JSON: {err}") from err
+        return ModelArchitecture.model_validate({k: v for k, v in fields.items() if v is not None})
+    except pydantic.ValidationError as err:
+        raise ValueError(f"out of range: {', '.join(_out_of_range(err))}") from None
+
+
+def _out_of_range(err: pydantic.ValidationError) -> list[str]:
+    """Each field and its bound, not pydantic's text: that quotes the values, which may come from a tenant's URL."""
+    return [f"{CAMEL.get(str(e['loc'][0]), e['loc'][0])} ({e['msg'].lower()})" for e in err.errors()]
+
+
+def fetch_config(url: str, *, timeout: float = 5.0) -> dict[str, Any]:
+    """A config.json from an http(s) URL, within `timeout` seconds in all (ValueError with a category else).
+
+    Through vllm_operator.fetch: no redirect, a total deadline, MAX_CONFIG_BYTES, and errors that quote nothing
+    the server sent, since the URL is a tenant's (spec.model.configURL) and the operator's network is not."""
+    try:
+        body = net.get(url, seconds=timeout, max_bytes=MAX_CONFIG_BYTES, accept="application/json",
+                         use_proxy=True)
+    except net.FetchError as err:
+        raise ValueError(f"could not fetch config.json from {url}: {err}") from None
+    return _config_object(body, url)
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """A config.json from a file or a directory holding one: for the offline CLI only (the operator never
+    reads its own files for a tenant)."""
+    path = path[len("file://"):] if path.startswith("file://") else path
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ValueError(f"could not read config.json at {path}: {err.strerror or err}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"config.json at {path}: {net.too_large(MAX_CONFIG_BYTES)}")
+    return _config_object(raw, path)
+
+
+def _config_object(raw: bytes, where: str) -> dict[str, Any]:
+    try:
+        data = net.load_json(raw)
+    except net.FetchError as err:
+        raise ValueError(f"config.json at {where}: {err}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config.json at {where} is not a JSON object")
+        raise ValueError(f"config.json at {where}: not a JSON object")
     return data
+
+
+class ConfigCache:
+    """The architecture each config.json gave, per (URL, revision), so that a reconcile does not fetch it again.
+
+    Facts are kept `ttl` seconds. When a refetch fails, the last good facts stand in, with a note (a Hub
+    outage must not turn running servers invalid), and a failed URL is tried again after `retry` seconds,
+    not at every reconcile (one that answers slowly would cost a deadline each time). The `max_entries`
+    most recently used are kept: the URLs are the tenants' to choose."""
+
+    @dataclass(frozen=True)
+    class _Entry:
+        architecture: Optional[ModelArchitecture] = None
+        fetched_at: float = 0.0
+        error: Optional[str] = None
+        failed_at: float = 0.0
+
+    def __init__(self, ttl: float = 600.0, retry: float = 60.0, max_entries: int = 1024,
+                 clock: Callable[[], float] = time.time):
+        self.ttl, self.retry, self.max_entries, self._clock = ttl, retry, max_entries, clock
+        self._entries: OrderedDict[tuple[str, Optional[str]], ConfigCache._Entry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def facts(self, url: str, revision: Optional[str],
+              load: Callable[[], ModelArchitecture]) -> tuple[ModelArchitecture, str]:
+        """The architecture and, when it is the last good one standing in, a note saying so. ValueError
+        when no fetch of this URL has succeeded (the same one again until the retry is due)."""
+        key, now = (url, revision), self._clock()
+        entry = self._get(key)
+        if entry.architecture is not None and now - entry.fetched_at < self.ttl:
+            return entry.architecture, ""
+        if entry.error is None or now - entry.failed_at >= self.retry:
+            try:
+                architecture = load()
+            except ValueError as err:
+                entry = self._put(key, dataclasses.replace(entry, error=str(err), failed_at=now))
+            else:
+                self._put(key, self._Entry(architecture, now))
+                return architecture, ""
+        if entry.architecture is None:
+            raise ValueError(entry.error)
+        fetched = dt.datetime.fromtimestamp(entry.fetched_at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return entry.architecture, f"warning: {entry.error}; planned with the facts it gave at {fetched}"
+
+    def _get(self, key: tuple[str, Optional[str]]) -> "ConfigCache._Entry":
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+        return entry or self._Entry()
+
+    def _put(self, key: tuple[str, Optional[str]], entry: "ConfigCache._Entry") -> "ConfigCache._Entry":
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return entry
 
 
 def hf_config_url(model_name: str, revision: Optional[str], endpoint: str) -> str:
@@ -369,45 +447,42 @@ def resolve_model(
     *,
     hf_endpoint: Optional[str] = None,
     fetch: Callable[[str], dict[str, Any]] = fetch_config,
+    local_files: bool = False,
+    cache: Optional[ConfigCache] = None,
 ) -> ResolvedModel:
     """Combine catalog, config.json and spec into a complete architecture.
 
     Precedence, lowest to highest: the catalog entry; the config.json (from
     ``spec.model.configURL``, from the model directory when ``name`` is a local
-    directory, or from ``hf_endpoint`` when the model is not in the catalog); each
-    field given under ``spec.model.architecture``. Then the derivable fields are filled
-    and listed in ``estimated``. Raises UnknownModelError when the result is still too
-    incomplete to plan with, and ValueError when an explicitly requested config.json
-    cannot be read.
+    directory and `local_files` allows it (the CLI), or from ``hf_endpoint`` when the
+    model is not in the catalog); each field given under ``spec.model.architecture``.
+    Then the derivable fields are filled and listed in ``estimated``. Raises
+    UnknownModelError when the result is still too incomplete to plan with, and
+    ValueError when an explicitly requested config.json cannot be read. `cache` keeps
+    fetched facts (ConfigCache) and may answer with older ones and a note.
     """
     fields: dict[str, Any] = {}
     sources: list[str] = []  # lowest precedence first
     fetch_problem = ""
+    notes: tuple[str, ...] = ()
 
     catalog = lookup_model(model.name)
     if catalog is not None:
         fields.update(_given(catalog))
         sources.append(f"catalog ({_catalog_source(model.name)})")
 
-    config_location: Optional[str] = None
-    explicit = True
-    if model.config_url:
-        config_location = model.config_url
-    elif os.path.isdir(model.name):
-        config_location = model.name
-    elif hf_endpoint and catalog is None:
-        config_location = hf_config_url(model.name, model.revision, hf_endpoint)
-        explicit = False
+    config_location, explicit = _config_location(model, hf_endpoint, catalog is not None, local_files)
     if config_location is not None:
         try:
-            from_config = _given(architecture_from_config(fetch(config_location)))
+            from_config, note = _config_architecture(config_location, model.revision, fetch, local_files, cache)
         except ValueError as err:
             if explicit:
                 raise
             fetch_problem = str(err)
         else:
-            fields.update(from_config)
+            fields.update(_given(from_config))
             sources.append(f"config.json ({config_location})")
+            notes = (note,) if note else ()
 
     spec_fields = _given(model.architecture)
     if spec_fields:
@@ -463,11 +538,43 @@ def resolve_model(
         source = "spec over " + " over ".join(reversed(sources[:-1]))
     else:
         source = " over ".join(reversed(sources))
-    return ResolvedModel(
-        architecture=ModelArchitecture.model_validate(fields),
-        source=source,
-        estimated=tuple(estimated),
-    )
+    try:
+        architecture = ModelArchitecture.model_validate(fields)
+    except pydantic.ValidationError as err:  # an estimate beyond the API's bounds: the spec has to give it
+        raise UnknownModelError(model.name, _out_of_range(err), "estimated beyond the API's bounds") from None
+    return ResolvedModel(architecture=architecture, source=source, estimated=tuple(estimated), notes=notes)
+
+
+def _config_location(model: ModelSpec, hf_endpoint: Optional[str], in_catalog: bool,
+                     local_files: bool) -> tuple[Optional[str], bool]:
+    """Where the model's config.json is, if anywhere, and whether the spec named it (a failure is then the
+    spec's to fix; a Hugging Face endpoint's is only a detail of an incomplete architecture)."""
+    if model.config_url:
+        return model.config_url, True
+    if local_files and os.path.isdir(model.name):
+        return model.name, True
+    if hf_endpoint and not in_catalog:
+        return hf_config_url(model.name, model.revision, hf_endpoint), False
+    return None, True
+
+
+def _config_architecture(location: str, revision: Optional[str], fetch: Callable[[str], dict[str, Any]],
+                         local_files: bool, cache: Optional[ConfigCache]) -> tuple[ModelArchitecture, str]:
+    """The architecture a config.json gives, and a note when older facts stand in for it."""
+    if local_files and urllib.parse.urlsplit(location).scheme.lower() not in ("http", "https"):
+        return _facts(read_config_file(location), location), ""
+
+    def load() -> ModelArchitecture:
+        return _facts(fetch(location), location)
+
+    return cache.facts(location, revision, load) if cache is not None else (load(), "")
+
+
+def _facts(config: dict[str, Any], location: str) -> ModelArchitecture:
+    try:
+        return architecture_from_config(config)
+    except ValueError as err:
+        raise ValueError(f"config.json at {location}: {err}") from None
 
 
 # --------------------------------------------------------------------------- GPUs
