@@ -90,7 +90,8 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     return _plain({
         "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
                                           "resourceVersion") if k in meta},
-        "spec": {"containers": containers},
+        "spec": {"containers": containers, **({"hostNetwork": True} if (body.get("spec") or {}).get("hostNetwork")
+                                                 else {})},
         "status": {**{k: status[k] for k in ("phase", "podIP", "conditions", "startTime") if k in status},
                    "containerStatuses": statuses},
     })

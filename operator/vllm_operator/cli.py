@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true")
     run.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
     run.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
+    run.add_argument("--allowed-config-url", action="append", default=[], metavar="PREFIX",
+                     help="a URL prefix spec.model.configURL may name, beside the public Hub and --hf-endpoint "
+                          "(repeatable; '*': any http(s) URL); docs/security.md")
+    run.add_argument("--allowed-prometheus-url", action="append", default=[], metavar="PREFIX",
+                     help="a URL prefix spec.autoscaling.prometheusURL may name, beside --prometheus-url "
+                          "(repeatable; '*': any http(s) URL); docs/security.md")
     run.add_argument("--resync-seconds", type=float, default=60.0, help="periodic reconcile interval")
     run.add_argument("--replan-outdated-per-minute", type=float, default=0.0,
                      help="re-plan at most this many servers a minute whose running plan an operator upgrade changed "

@@ -44,12 +44,23 @@ class Reading:
     at: float
 
 
+def unscrapable(pod: dict[str, Any]) -> Optional[str]:
+    """Why the operator will not GET this pod's /metrics, or None. Only pod IPs of pods on the pod network are
+    scraped: a pod on the node's network has the node's IP, where whatever listens on the port is the node's,
+    not the pod's (a tenant able to create pods could point the operator at a node's local services)."""
+    if (pod.get("spec") or {}).get("hostNetwork"):
+        return "host network: the operator scrapes pod IPs only"
+    if not (pod.get("status") or {}).get("podIP"):
+        return "no IP yet"
+    return None
+
+
 def ready_pods(pods: Sequence[dict[str, Any]]) -> list[PodRef]:
-    """The pods that serve (Ready, with an IP, not terminating), where to scrape them."""
+    """The pods that serve (Ready, with an IP on the pod network, not terminating), where to scrape them."""
     out = []
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        if meta.get("deletionTimestamp") or not status.get("podIP"):
+        if meta.get("deletionTimestamp") or unscrapable(pod):
             continue
         if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
             continue

@@ -24,6 +24,7 @@ from . import api, apierrors, apisession, builders, cache, events, kopftoggles, 
 from .autoscaler import actuator
 from .kube import PLURALS, ApiError, Kube, path_for
 from .reconcile import Reconciler
+from .urlpolicy import URLPolicy
 
 log = logging.getLogger("vllm_operator")
 
@@ -90,11 +91,21 @@ def check_server_version(kube: Kube) -> tuple[int, int]:
     return version
 
 
+def url_policy(args: argparse.Namespace) -> URLPolicy:
+    """What a spec's configURL and prometheusURL may name: the operator's own endpoints, the public Hub, and
+    the prefixes its flags add."""
+    return URLPolicy.from_settings(getattr(args, "allowed_config_url", None) or (),
+                                   getattr(args, "allowed_prometheus_url", None) or (),
+                                   hf_endpoint=getattr(args, "hf_endpoint", None),
+                                   prometheus_url=getattr(args, "prometheus_url", None))
+
+
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
     kube = Kube(client or api_client())
     check_server_version(kube)
     return Reconciler(kube, hf_endpoint=getattr(args, "hf_endpoint", None),
                       prometheus_url=getattr(args, "prometheus_url", None), events_of=events.WarningEvents(kube).of,
+                      urls=url_policy(args),
                       replan_budget=replan.Budget(getattr(args, "replan_outdated_per_minute", 0.0) or 0.0))
 
 
@@ -315,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
     register_indices(STATE.reconciler)
     # One queue-based autoscaler loop per VLLMServer with autoscaling.mode Operator (autoscaler/actuator.py).
     scaling = actuator.register(STATE.reconciler.kube, default_prometheus_url=getattr(args, "prometheus_url", None),
-                                objects=STATE.reconciler.objects)
+                                objects=STATE.reconciler.objects, urls=STATE.reconciler.urls)
     # status.kvCapacity: what vLLM allocated beside the plan, read through the autoscaler's bounded scrape pool.
     STATE.reconciler.kv_capacity = scaling.sources.kv_capacity
     namespaces = list(args.namespace)

@@ -17,6 +17,7 @@ import pydantic
 import yaml
 
 from . import api, catalog, planner
+from .urlpolicy import URLPolicy
 
 
 @dataclass
@@ -172,17 +173,22 @@ def plan_server(
     allow_unsafe_args: bool = False,
     local_files: bool = False,
     configs: Optional[catalog.ConfigCache] = None,
+    urls: Optional[URLPolicy] = None,
 ) -> planner.Plan:
     """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan.
 
     `allow_unsafe_args`: api.allows_unsafe_args(metadata), the escape hatch for --host/--port in extraArgs.
     `local_files`: a model directory or config.json path is read from this machine (the CLI; never the
-    operator). `configs`: the operator's cache of fetched config.json facts."""
+    operator). `configs`: the operator's cache of fetched config.json facts. `urls`: the operator's URL
+    settings: a configURL outside them is a problem, and is not fetched."""
     model_error = None
     model_error_field = "spec.model.architecture"
     base = None
     resolving = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files, "cache": configs}
+    refused = urls.config_problem(spec.model.config_url) if urls and spec.model.config_url else None
     try:
+        if refused:
+            raise ValueError(refused)
         model = catalog.resolve_model(spec.model, **resolving)
     except catalog.UnknownModelError as exc:
         model, model_error = None, str(exc)
@@ -201,7 +207,8 @@ def plan_server(
         model, model_error = None, str(exc)
         model_error_field = "spec.model.configURL" if spec.model.config_url else "spec.model.name"
     plan = planner.plan(name, namespace, spec, model, model_error=model_error, model_error_field=model_error_field,
-                        default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args)
+                        default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args,
+                        urls=urls)
     if model is not None:
         plan.notes.extend(model.notes)
     if model is not None and base is not None and spec.model.quantization == "none":

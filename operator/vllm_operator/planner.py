@@ -24,6 +24,7 @@ from .api import VLLMServerSpec, parse_quantity
 from .autoscaler.policy import TOLERANCE
 from .catalog import ResolvedModel
 from .gpus import GPUSelection, select_gpu
+from .urlpolicy import URLPolicy
 
 GiB = 2**30
 MiB = 2**20
@@ -410,8 +411,9 @@ def flag_like_values(spec: VLLMServerSpec) -> list[Problem]:
 
 
 def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None,
-               allow_unsafe_args: bool = False) -> list[Problem]:
-    """Semantic checks the CRD schema cannot express. Pure."""
+               allow_unsafe_args: bool = False, urls: Optional[URLPolicy] = None) -> list[Problem]:
+    """Semantic checks the CRD schema cannot express. Pure. `urls`: the operator's URL settings (urlpolicy.py;
+    spec.model.configURL is checked before it is fetched, in pipeline.plan_server)."""
     problems: list[Problem] = []
     add = lambda f, m: problems.append(Problem(f, m))  # noqa: E731
 
@@ -433,6 +435,8 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         if a.source == "Prometheus" and a.mode == "Operator" and not (a.prometheus_url or default_prometheus_url):
             add("spec.autoscaling.prometheusURL", "source: Prometheus needs prometheusURL (or the operator's "
                 "--prometheus-url default)")
+        if a.prometheus_url and urls is not None and (why := urls.prometheus_problem(a.prometheus_url)):
+            add("spec.autoscaling.prometheusURL", why)
         if a.mode == "KEDA" and not (a.prometheus_url or default_prometheus_url):
             add("spec.autoscaling.prometheusURL", "mode: KEDA needs prometheusURL (or the operator's "
                 "--prometheus-url default): the ScaledObject's Prometheus trigger queries it")
@@ -618,16 +622,18 @@ def plan(
     model_error_field: str = "spec.model.architecture",
     default_prometheus_url: Optional[str] = None,
     allow_unsafe_args: bool = False,
+    urls: Optional[URLPolicy] = None,
 ) -> Plan:
     """Derive the vLLM args and estimates for one server. Pure; never raises on bad input.
 
     `gpu`: spec.gpu resolved by gpus.select_gpu (resolved here when not given).
     `allow_unsafe_args`: the VLLMServer carries api.ALLOW_UNSAFE_ARGS_ANNOTATION, so extraArgs may set
-    --host/--port (the container port then follows --port)."""
+    --host/--port (the container port then follows --port). `urls`: the operator's URL settings (None: the
+    offline CLI, which fetches nothing for anyone else)."""
     p = Plan(name=name, namespace=namespace, spec=spec, model=model,
              prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url)
     p.problems.extend(check_spec(name, spec, default_prometheus_url=default_prometheus_url,
-                                 allow_unsafe_args=allow_unsafe_args))
+                                 allow_unsafe_args=allow_unsafe_args, urls=urls))
     if allow_unsafe_args:
         unsafe_overrides(p)
     tp = p.tensor_parallel_size = spec.gpu.count

@@ -22,6 +22,7 @@ from . import api, apierrors, builders, catalog, events, failures, kvcapacity, p
 from .autoscaler import ownership
 from .cache import WatchedObjects
 from .kube import ApiError, Kube
+from .urlpolicy import URLPolicy
 
 log = logging.getLogger("vllm_operator.reconcile")
 
@@ -183,6 +184,8 @@ class Reconciler:
     fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
     #: config.json facts fetched for servers, kept between reconciles (catalog.ConfigCache).
     configs: catalog.ConfigCache = field(default_factory=catalog.ConfigCache)
+    #: The URLs a spec may point the operator at (urlpolicy.py); None: any (tests that build a Reconciler).
+    urls: Optional[URLPolicy] = None
     #: Watch-fed copies of servers, children and pods (cache.py); None: GET and LIST every time.
     objects: Optional[WatchedObjects] = None
     #: The Events about some objects of a namespace (namespace, [workload, *pods]) -> Events, for the failures
@@ -241,6 +244,7 @@ class Reconciler:
             plan = pipeline.plan_server(name, namespace, spec, hf_endpoint=self.hf_endpoint,
                                         default_prometheus_url=self.prometheus_url,
                                         allow_unsafe_args=api.allows_unsafe_args(meta), configs=self.configs,
+                                        urls=self.urls,
                                         **kwargs)
             errors = [str(p) for p in plan.problems]
         if not errors:

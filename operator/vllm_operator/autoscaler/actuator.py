@@ -31,6 +31,7 @@ from .. import api, builders, events, kvcapacity, pipeline, planner
 from .. import metrics as operator_metrics
 from ..cache import resource_version
 from ..kube import Kube
+from ..urlpolicy import URLPolicy
 from ..reconcile import set_condition
 from . import policy
 from .metrics import MetricsSource, PodRef, PodsSource, PrometheusSource, Sample
@@ -118,7 +119,8 @@ def max_num_seqs(pods: list[dict[str, Any]]) -> Optional[int]:
 @dataclass
 class PodGroups:
     ready: list[PodRef] = field(default_factory=list)
-    ready_without_ip: list[str] = field(default_factory=list)
+    #: Ready pods the operator does not scrape: "name (why)" (no IP yet, or the node's network).
+    ready_unscraped: list[str] = field(default_factory=list)
     starting: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
 
@@ -133,10 +135,11 @@ def classify_pods(pods: list[dict[str, Any]], now: float) -> PodGroups:
         if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
             continue
         if _is_ready(pod):
-            if status.get("podIP"):
-                groups.ready.append(PodRef(meta["name"], meta["namespace"], status["podIP"], _port(pod)))
+            why = kvcapacity.unscrapable(pod)
+            if why:
+                groups.ready_unscraped.append(f"{meta['name']} ({why})")
             else:
-                groups.ready_without_ip.append(meta["name"])
+                groups.ready.append(PodRef(meta["name"], meta["namespace"], status["podIP"], _port(pod)))
             continue
         since = _started_at(pod)
         if since is None or now - since <= startup_budget(pod):
@@ -156,8 +159,10 @@ class Sources:
     """The metrics sources, shared by every server's loop (one scrape pool for all pods)."""
 
     def __init__(self, default_prometheus_url: Optional[str] = None, pods: Optional[MetricsSource] = None,
-                 prometheus: Callable[[str], MetricsSource] = PrometheusSource):
+                 prometheus: Callable[[str], MetricsSource] = PrometheusSource, urls: Optional[URLPolicy] = None):
         self.default_prometheus_url = default_prometheus_url
+        #: The prometheusURLs a spec may name (urlpolicy.py); None: any.
+        self.urls = urls
         self.pods = pods or PodsSource()
         self._prometheus = prometheus
         #: The KV cache each pod's vLLM allocated: recorded from the ticks' pod scrapes, and scraped now and then
@@ -192,8 +197,9 @@ def at_max_replicas(decision: policy.Decision) -> bool:
     return decision.limited and decision.limit_reason.startswith("at max")
 
 
-def autoscaling_problems(name: str, spec: api.VLLMServerSpec, default_prometheus_url: Optional[str]) -> list[str]:
-    return [str(p) for p in planner.check_spec(name, spec, default_prometheus_url=default_prometheus_url)
+def autoscaling_problems(name: str, spec: api.VLLMServerSpec, default_prometheus_url: Optional[str],
+                         urls: Optional[URLPolicy] = None) -> list[str]:
+    return [str(p) for p in planner.check_spec(name, spec, default_prometheus_url=default_prometheus_url, urls=urls)
             if p.field.startswith("spec.autoscaling")]
 
 
@@ -229,7 +235,7 @@ class Autoscaler:
         a = spec.autoscaling
         if not (a.enabled and a.mode == "Operator"):
             return TickResult(note="autoscaling is not run by the operator for this spec")
-        problems = autoscaling_problems(self.name, spec, self.sources.default_prometheus_url)
+        problems = autoscaling_problems(self.name, spec, self.sources.default_prometheus_url, self.sources.urls)
         if spec.workload != "StatefulSet":
             problems.append("autoscaling needs workload: StatefulSet")
         if problems:
@@ -262,16 +268,16 @@ class Autoscaler:
         samples: list[Sample] = source.read(groups.ready) if groups.ready else []
         if source is self.sources.pods:
             self.sources.kv_capacity.record(groups.ready, samples)
-        ready = len(groups.ready) + len(groups.ready_without_ip)
+        ready = len(groups.ready) + len(groups.ready_unscraped)
         if not self.history:
             # After a (re)start the past window is unknown: count it as a recommendation of the current
             # count made just before the scale-up window, so it delays a scale-down (never on no data)
             # but not a scale-up.
             self.history = [(now - a.scale_up_stabilization_seconds - 0.001, current)]
         decision = policy.decide(samples, current, ready, starting, a, self.history, now, slots=max_num_seqs(pods))
-        if decision.hold and groups.ready_without_ip:
-            decision = policy.Decision(decision.desired, decision.reason + f"; ready without an IP: "
-                                       f"{', '.join(groups.ready_without_ip)}", None, hold=True,
+        if decision.hold and groups.ready_unscraped:
+            decision = policy.Decision(decision.desired, decision.reason + f"; ready but not scraped: "
+                                       f"{', '.join(groups.ready_unscraped)}", None, hold=True,
                                        code=decision.code, recommendation=decision.recommendation)
         self.history = policy.record(self.history, now, decision, a, a.interval_seconds)
 
@@ -440,12 +446,12 @@ async def autoscaler_daemon(stopped: Any, namespace: str, name: str, body: Any, 
 
 
 def register(kube: Kube, default_prometheus_url: Optional[str] = None, *, workers: int = 4,
-             objects: Optional[Any] = None) -> Context:
+             objects: Optional[Any] = None, urls: Optional[URLPolicy] = None) -> Context:
     """Register the per-server daemon with kopf (before kopf.run) and share one context.
     `objects`: the reconciler's watch-fed copies (cache.WatchedObjects), read instead of the API."""
     global CONTEXT
     CONTEXT = Context(kube=Kube(kube.api, field_manager=FIELD_MANAGER, timeout=10.0),
-                      sources=Sources(default_prometheus_url),
+                      sources=Sources(default_prometheus_url, urls=urls),
                       executor=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autoscaler"),
                       objects=objects)
     kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="autoscaler", when=runs_operator_loop,
