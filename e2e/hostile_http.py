@@ -79,15 +79,16 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class HostileServer:
-    """`with HostileServer({"/metrics": Reply(...)}) as s:` serves on 127.0.0.1:`s.port` in a thread."""
+    """`with HostileServer({"/metrics": Reply(...)}) as s:` serves on 127.0.0.1:`s.port` in a thread (or on
+    `host`:`port`, e.g. a fake pod's IP and vLLM's port)."""
 
-    def __init__(self, routes: Optional[dict[str, Reply]] = None):
+    def __init__(self, routes: Optional[dict[str, Reply]] = None, host: str = "127.0.0.1", port: int = 0):
         handler = type("Handler", (_Handler,), {"routes": dict(routes or {})})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads, self._server.block_on_close = True, False
         self._server.requests = []  # type: ignore[attr-defined]
         self.port = self._server.server_address[1]
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"http://{host}:{self.port}"
 
     def wrap(self, context: "ssl.SSLContext") -> None:
         """Serve https with this context's certificate from now on."""
