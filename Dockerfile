@@ -3,8 +3,11 @@
 # filesystem (the chart mounts an emptyDir at /tmp, the only path it writes).
 #   docker build -t vllm-operator:0.1.0 .
 # tests/test_packaging.py checks what can be checked without a Docker engine: the wheel's
-# Requires-Dist equals pyproject's dependencies, the user is non-root, the entrypoint.
-FROM python:3.11-slim AS build
+# Requires-Dist equals pyproject's dependencies, the user is non-root, the entrypoint, both
+# stages on the same base pinned by digest (a tag moves; a digest is the bytes that were reviewed).
+# To move the base: `docker buildx imagetools inspect python:3.11-slim` prints the index digest.
+ARG BASE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
+FROM ${BASE} AS build
 WORKDIR /src
 COPY requirements.lock pyproject.toml README.md ./
 COPY operator ./operator
@@ -14,7 +17,7 @@ COPY operator ./operator
 RUN pip wheel --no-cache-dir --require-hashes --wheel-dir /wheels -r requirements.lock \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM ${BASE}
 RUN groupadd --gid 65532 operator \
     && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin operator
 COPY --from=build /wheels /wheels

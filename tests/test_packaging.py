@@ -291,12 +291,18 @@ def test_bundle_is_the_chart_rendered_plus_namespace_and_crds():
 def dockerfile_stages() -> list[list[tuple[str, str]]]:
     text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
     stages: list[list[tuple[str, str]]] = []
+    args: dict[str, str] = {}
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         instruction, _, rest = line.partition(" ")
+        if instruction.upper() == "ARG" and not stages:  # a global ARG: FROM lines may use it
+            name, _, default = rest.partition("=")
+            args[name.strip()] = default.strip()
+            continue
         if instruction.upper() == "FROM":
+            rest = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], rest)
             stages.append([])
         stages[-1].append((instruction.upper(), rest.strip()))
     return stages
@@ -305,7 +311,8 @@ def dockerfile_stages() -> list[list[tuple[str, str]]]:
 def test_dockerfile_final_image_is_slim_non_root_and_runs_the_operator():
     stages = dockerfile_stages()
     final = stages[-1]
-    assert re.fullmatch(r"python:3\.\d+-slim", final[0][1]), final[0]
+    assert re.fullmatch(r"python:3\.\d+-slim@sha256:[0-9a-f]{64}", final[0][1]), "a slim base pinned by digest"
+    assert stages[0][0][1].split()[0] == final[0][1], "both stages build on the same base"
     (user,) = [v for i, v in final if i == "USER"]
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "a numeric non-root USER (runAsNonRoot can check only numbers)"

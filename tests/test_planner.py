@@ -786,3 +786,15 @@ def test_extended_resources_need_a_limit_equal_to_the_request():
     plan = plan_for(LLAMA_8B, resources={"requests": {"example.com/foo": "1", "cpu": "2"},
                                          "limits": {"example.com/foo": 1, "cpu": "4"}})
     assert not [p for p in plan.problems if p.field.startswith("spec.resources")]
+
+
+def test_the_vllm_image_may_be_pinned_by_digest():
+    digest = "@sha256:" + "ab" * 32
+    pinned = plan_for(image=api.DEFAULT_IMAGE + digest)
+    assert not pinned.problems and not [n for n in pinned.notes if "is not the default" in n]
+    from vllm_operator import builders
+    [sts] = [o for o in builders.build_all(pinned, {"metadata": {"name": "test", "uid": "u"}})
+             if o["kind"] == "StatefulSet"]
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == api.DEFAULT_IMAGE + digest
+    other = plan_for(image="registry.corp/vllm@sha256:" + "cd" * 32)
+    assert [n for n in other.notes if n.startswith("image registry.corp/vllm@sha256:") and "vLLM 0." in n]

@@ -833,7 +833,7 @@ def plan(
     p.startup_seconds = int(max(_a("startup_floor_seconds"),
                                 p.weight_bytes_total / _a("load_bandwidth") + _a("engine_init_seconds")))
     plan_shutdown(p)
-    if spec.image != api.DEFAULT_IMAGE:
+    if spec.image.split("@", 1)[0] != api.DEFAULT_IMAGE:  # the default release pinned by digest is the default
         p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
     p.args = engine_args(p)
     return p
