@@ -261,9 +261,10 @@ def test_every_attack_ends_as_a_condition_with_a_category(world):
     ns, base = world["attacker"], world["hostile"].base
     for name, path, _ in CONFIG_ATTACKS:
         kubectl_apply(world["cp"], server(name, ns, model={"name": f"evil/{name}", "configURL": base + path}))
-    # An address the operator reaches but its settings do not allow (here: its own /metrics port's neighbour).
+    # Addresses the operator reaches but its settings do not allow.
     kubectl_apply(world["cp"], server("cfg-internal", ns, model={"name": "evil/internal",
                                                                  "configURL": "http://127.0.0.1:1/config.json"}))
+    kubectl_apply(world["cp"], server("cfg-file", ns, model={"name": "evil/file", "configURL": "file:///etc/passwd"}))
     for name, _ in POD_ATTACKS:
         kubectl_apply(world["cp"], server(name, ns))
     kubectl_apply(world["cp"], server("prom-redirect", ns, autoscaling={"source": "Prometheus",
@@ -278,6 +279,8 @@ def test_every_attack_ends_as_a_condition_with_a_category(world):
         assert c["message"].startswith("spec.model.configURL"), c
     c = wait_condition(world, "cfg-internal", "SpecValid", "False", "only under the URLs its settings allow")
     assert "--allowed-config-url" in c["message"]
+    # The operator's own files are no config: no existence or size oracle.
+    wait_condition(world, "cfg-file", "SpecValid", "False", "only under the URLs its settings allow")
     for name, category in POD_ATTACKS:
         wait_condition(world, name, "AutoscalingActive", "False", category)
     wait_condition(world, "prom-redirect", "AutoscalingActive", "False", "redirect refused")
@@ -306,7 +309,7 @@ def test_another_tenant_created_under_attack_reconciles_and_scales(world):
 def test_nothing_leaked_nothing_followed_and_the_operator_stayed_healthy(world):
     ns, kube = world["attacker"], world["kube"]
     servers = kube.request("GET", f"{GROUP_PATH}/namespaces/{ns}/vllmservers")["items"]
-    assert len(servers) == len(CONFIG_ATTACKS) + len(POD_ATTACKS) + 3
+    assert len(servers) == len(CONFIG_ATTACKS) + len(POD_ATTACKS) + 4
     for s in servers:
         assert SECRET not in json.dumps(s.get("status")), s["metadata"]["name"]
     events = kube.list("v1", "Event", ns)
