@@ -304,6 +304,10 @@ class Reconciler:
             trouble = self._trouble(namespace, workload, progress, pods, now)
             degraded = ("True", *blocked) if blocked else degraded_condition(trouble)
             conditions = set_condition(conditions, "Degraded", *degraded, generation, now)
+            if degraded[0] == "True":
+                # kstatus (Flux, kpt, cli-utils) knows no Degraded: Stalled=True makes it report the failure
+                # (a crash loop, an image it cannot pull, a name taken) instead of InProgress until its timeout.
+                conditions = set_condition(conditions, "Stalled", "True", degraded[1], degraded[2], generation, now)
             conditions = self._ready_conditions(conditions, progress, workload, generation, now, trouble=trouble,
                                                 blocked=blocked)
             new_status = {
