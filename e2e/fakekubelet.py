@@ -13,7 +13,11 @@ polls pods every ``interval`` seconds and:
 * finalises pods being deleted: calls ``on_pod_stop(pod, ip)`` and deletes them
   with grace period 0 (there is no kubelet to finish a graceful deletion, so
   StatefulSet scale-down would otherwise hang);
-* releases the IPs of pods that are gone.
+* releases the IPs of pods that are gone;
+* reports a container failure the way a kubelet does when ``faults(pod)`` returns a ``Fault``
+  for a new pod (an image it cannot pull, an OOM kill, a crash loop with its termination
+  message, a startup probe's kill): that container status, never Ready, and the kubelet's
+  Events about the pod.
 
 Pods are kubernetes client model objects (``V1Pod``) in the callbacks.
 """
@@ -25,7 +29,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -36,6 +41,17 @@ DEFAULT_GPU_PRODUCT = "NVIDIA-A100-SXM4-80GB"
 
 OnPodStart = Callable[[client.V1Pod, str], Optional[bool]]
 OnPodStop = Callable[[client.V1Pod, str], None]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What a kubelet reports for a pod whose first container fails: the containerStatus fields beyond name
+    and image (state, lastState, restartCount), the pod's phase, and the Events it posts about the pod as
+    (type, reason, message)."""
+
+    container: dict[str, Any]
+    events: tuple[tuple[str, str, str], ...] = ()
+    phase: str = "Running"
 
 
 def _now() -> str:
@@ -77,6 +93,7 @@ class FakeKubelet:
         labels: Optional[dict[str, str]] = None,
         interval: float = 0.3,
         delete_node_on_stop: bool = True,
+        faults: Optional[Callable[[client.V1Pod], Optional[Fault]]] = None,
     ):
         self.core = client.CoreV1Api(api_client)
         self.namespace = namespace
@@ -86,6 +103,8 @@ class FakeKubelet:
             raise ValueError("empty ip_pool")
         self.on_pod_start = on_pod_start
         self.on_pod_stop = on_pod_stop
+        self.faults = faults
+        self._faulted: set[str] = set()  # uids reported failing: left as reported
         self.auto_ready = auto_ready
         self.interval = interval
         self.delete_node_on_stop = delete_node_on_stop
@@ -340,6 +359,13 @@ class FakeKubelet:
     def _run_pod(self, pod: client.V1Pod) -> None:
         uid = pod.metadata.uid
         key = (pod.metadata.namespace, pod.metadata.name)
+        if uid in self._faulted:
+            return
+        fault = self.faults(pod) if self.faults is not None else None
+        if fault is not None:
+            self._report_fault(pod, fault)
+            self._faulted.add(uid)
+            return
         with self._lock:
             st = self._pods.get(uid)
             new = st is None
@@ -368,6 +394,28 @@ class FakeKubelet:
             return
         self._patch_running(pod, st, ready)
         st.reported_ready = ready
+
+    def _report_fault(self, pod: client.V1Pod, fault: Fault) -> None:
+        now = _now()
+        first, *others = pod.spec.containers
+        statuses = [{"name": first.name, "image": first.image or "", "imageID": "", "ready": False,
+                     "started": False, **fault.container}]
+        statuses += [{"name": c.name, "image": c.image or "", "imageID": "", "ready": False, "restartCount": 0,
+                      "state": {"running": {"startedAt": now}}} for c in others]
+        status = {"phase": fault.phase, "hostIP": "127.0.0.1", "startTime": now, "containerStatuses": statuses,
+                  "conditions": [{"type": t, "status": v, "lastTransitionTime": now} for t, v in (
+                      ("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", "False"),
+                      ("Ready", "False"))]}
+        self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
+        for type_, reason, message in fault.events:
+            self.core.create_namespaced_event(pod.metadata.namespace, {
+                "metadata": {"generateName": f"{pod.metadata.name}."},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name,
+                                   "namespace": pod.metadata.namespace, "uid": pod.metadata.uid,
+                                   "fieldPath": f"spec.containers{{{first.name}}}"},
+                "reason": reason, "message": message, "type": type_, "count": 1,
+                "firstTimestamp": now, "lastTimestamp": now,
+                "source": {"component": "kubelet", "host": self.node_name}})
 
     def _patch_running(self, pod: client.V1Pod, st: _PodState, is_ready: bool) -> None:
         now = _now()

@@ -103,6 +103,8 @@ PRINTER_COLUMNS = [
     {"name": "Ready-Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {"name": "Max-Context", "type": "integer", "jsonPath": ".status.plan.estimates.maxModelLen"},
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    # Why not ready (Loading, OOMKilled, Unschedulable, InvalidSpec, ...): docs/failures.md.
+    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

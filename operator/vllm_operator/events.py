@@ -39,15 +39,20 @@ def post_event(kube: Kube, body: dict[str, Any], type_: str, reason: str, messag
         log.warning("could not record event %s: %s", reason, e)
 
 
-#: How long one namespace's Warning events are trusted: a server that stays short of replicas (a model loading
-#: for minutes) costs one LIST per namespace per this many seconds, whatever its reconciles.
+#: How long one namespace's events are trusted: a server that stays short of replicas (a model loading for
+#: minutes) costs one round of LISTs per namespace per this many seconds, whatever its reconciles.
 EVENTS_TTL_SECONDS = 15.0
+#: The Normal events failures.classify reads beside every Warning one: a probe's kill, a pod created after a
+#: FailedCreate, a node on its way (cluster autoscaler, Karpenter). A field selector cannot say "Warning or
+#: one of these", so each is one LIST: a constant number per namespace, whatever its pods.
+NORMAL_REASONS = ("Killing", "SuccessfulCreate", "TriggeredScaleUp", "NotTriggerScaleUp", "Nominated")
 
 
 @dataclass
-class WarningEvents:
-    """The Warning events about a server's workload and pods (FailedCreate, failed probes, back-offs), for
-    failures.classify: one LIST per namespace (type=Warning), filtered here by the objects' uids and names."""
+class FailureEvents:
+    """The events about a server's workload and pods that name a failure (FailedCreate, failed probes, a
+    probe's kill, back-offs, a node being added), for failures.classify: per namespace, one LIST of its Warning
+    events and one per reason of NORMAL_REASONS, filtered here by the objects' kinds and names."""
 
     kube: Kube
     ttl: float = EVENTS_TTL_SECONDS
@@ -57,8 +62,10 @@ class WarningEvents:
         now = time.monotonic()
         hit = self._seen.get(namespace)
         if hit is None or now - hit[1] > self.ttl:
-            items = self.kube.request("GET", f"/api/v1/namespaces/{namespace}/events",
-                                      query=[("fieldSelector", "type=Warning")]).get("items") or []
+            items: list[dict[str, Any]] = []
+            for selector in ("type=Warning", *(f"type=Normal,reason={r}" for r in NORMAL_REASONS)):
+                items += self.kube.request("GET", f"/api/v1/namespaces/{namespace}/events",
+                                           query=[("fieldSelector", selector)]).get("items") or []
             hit = self._seen[namespace] = (items, now)
         keys = {(o.get("kind") or "Pod", o["metadata"]["name"]) for o in objects}
         return [e for e in hit[0] if ((e.get("involvedObject") or {}).get("kind"),

@@ -104,7 +104,7 @@ def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = 
     kube = Kube(client or api_client())
     check_server_version(kube)
     return Reconciler(kube, hf_endpoint=getattr(args, "hf_endpoint", None),
-                      prometheus_url=getattr(args, "prometheus_url", None), events_of=events.WarningEvents(kube).of,
+                      prometheus_url=getattr(args, "prometheus_url", None), events_of=events.FailureEvents(kube).of,
                       urls=url_policy(args),
                       replan_budget=replan.Budget(getattr(args, "replan_outdated_per_minute", 0.0) or 0.0))
 
