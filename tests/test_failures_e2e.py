@@ -56,9 +56,8 @@ def back_off(pod: client.V1Pod) -> dict[str, Any]:
                         f"pod={pod.metadata.name}_{pod.metadata.namespace}({pod.metadata.uid})"}}
 
 
-def probe_failed(pod: client.V1Pod) -> str:
-    return f'Startup probe failed: Get "http://10.244.1.7:8000/health": dial tcp 10.244.1.7:8000: connect: ' \
-           "connection refused"
+PROBE_FAILED = ('Startup probe failed: Get "http://10.244.1.7:8000/health": dial tcp 10.244.1.7:8000: connect: '
+                "connection refused")
 
 
 #: server name -> what the kubelet reports for its pods
@@ -76,7 +75,7 @@ FAULTS = {
                                 "lastState": {"terminated": terminated(1, message=VLLM_LOG)}}),
     "probe": lambda pod: Fault({"restartCount": 2, "state": back_off(pod),
                                 "lastState": {"terminated": terminated(137)}},
-                               (("Warning", "Unhealthy", probe_failed(pod)),
+                               (("Warning", "Unhealthy", PROBE_FAILED),
                                 ("Normal", "Killing", "Container vllm failed startup probe, will be restarted"))),
 }
 

@@ -21,7 +21,6 @@ import copy
 import json
 import os
 import re
-import string
 from collections import Counter
 from typing import Any, Optional
 

@@ -174,8 +174,8 @@ def test_value_and_value_from_together_are_refused():
 @pytest.mark.parametrize("form", ["separate", "inline"])
 def test_credential_flags_with_a_literal_value_are_refused(flag, form):
     args = [flag, "not-even-token-shaped"] if form == "separate" else [f"{flag}=not-even-token-shaped"]
-    for annotations in (None, UNSAFE):  # the escape hatch does not cover credentials
-        lines = refusals(document(engine={"extraArgs": args}, annotations=annotations))
+    for extra in (None, UNSAFE):  # the escape hatch does not cover credentials
+        lines = refusals(document(engine={"extraArgs": args}, annotations=extra))
         assert any(line.startswith("spec.engine.extraArgs[0]") and "credential" in line for line in lines), lines
 
 
