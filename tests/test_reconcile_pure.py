@@ -207,3 +207,16 @@ def test_a_conflict_or_throttling_is_raised_for_the_caller_to_retry():
         assert e.status == 429
     else:
         raise AssertionError("a 429 must reach the caller (kopf retries with back-off)")
+
+
+def test_a_failing_server_resynced_later_writes_no_status():
+    """Stalled (kstatus's Failed) is updated in place: its lastTransitionTime stays, a resync of a crash-looping
+    server sends no status write (it used to be dropped and re-added, with a new time, on every reconcile)."""
+    world = World()
+    world.reconcile()
+    world.crash_loop()
+    status = world.reconcile()["status"]
+    world.now = "2026-01-01T00:10:00Z"
+    assert not world.reconciler.reconcile(NS, "srv").status_written
+    assert world.server["status"] == status
+    assert condition(status, "Stalled")["lastTransitionTime"] == "2026-01-01T00:00:00Z"

@@ -272,14 +272,13 @@ class Reconciler:
                                        generation, now)
             conditions = self._ready_conditions(conditions, progress, workload, generation, now, stalled=True)
             # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
-            # waiting out its timeout on Ready=False; present only while the spec is invalid.
+            # waiting out its timeout on Ready=False; present while the spec is invalid or Degraded is True.
             conditions = set_condition(conditions, "Stalled", "True", reason, message, generation, now)
             kept = {k: status[k] for k in ("selector", "endpoint", "plan", "kvCapacity") if k in status}
             new_status = {**kept, "observedGeneration": generation, "conditions": conditions,
                           "replicas": progress["desired"], "readyReplicas": progress["ready"]}
         else:
             assert spec is not None and plan is not None
-            conditions = [c for c in conditions if c.get("type") != "Stalled"]
             conditions = set_condition(conditions, "SpecValid", "True", "Planned",
                                        f"flags derived: {plan.max_model_len} tokens of context, "
                                        f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
@@ -307,7 +306,10 @@ class Reconciler:
             if degraded[0] == "True":
                 # kstatus (Flux, kpt, cli-utils) knows no Degraded: Stalled=True makes it report the failure
                 # (a crash loop, an image it cannot pull, a name taken) instead of InProgress until its timeout.
+                # Updated in place, never dropped and re-added: its lastTransitionTime stays, a resync writes nothing.
                 conditions = set_condition(conditions, "Stalled", "True", degraded[1], degraded[2], generation, now)
+            else:
+                conditions = [c for c in conditions if c.get("type") != "Stalled"]
             conditions = self._ready_conditions(conditions, progress, workload, generation, now, trouble=trouble,
                                                 blocked=blocked)
             new_status = {
