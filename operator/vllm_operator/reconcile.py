@@ -31,7 +31,8 @@ HASH_ANNOTATION = f"{api.GROUP}/desired-hash"
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
               "kvCapacity")
-OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "PlanOutdated")
+OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
+                  "PlanOutdated")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
@@ -90,6 +91,23 @@ def set_condition(conditions: list[dict], type_: str, status: str, reason: str, 
     if old is None:
         return [*conditions, new]
     return [new if c is old else c for c in conditions]  # keep the order: no spurious status writes
+
+
+def kstatus_reconciling(conditions: list[dict], generation: Optional[int], now: str) -> list[dict]:
+    """Reconciling=True while a rollout replaces pods that already serve (Ready=True and Progressing=True, the
+    rollout's reason and message), absent otherwise. kstatus (Flux, kpt, cli-utils) knows no Progressing and reads
+    Ready=True as Current: without it a rollout would pass Flux's health check before any pod runs the new spec.
+    Ready=False already reads as InProgress with Ready's message (what keeps the replicas from serving), and
+    Stalled=True (Failed) wins: kstatus takes whichever of the two comes first, so never both."""
+    def true(type_: str) -> Optional[dict]:
+        c = condition({"conditions": conditions}, type_)
+        return c if c is not None and c.get("status") == "True" else None
+
+    progressing = true("Progressing")
+    if progressing is None or true("Ready") is None or true("Stalled") is not None:
+        return [c for c in conditions if c.get("type") != "Reconciling"]
+    return set_condition(conditions, "Reconciling", "True", progressing["reason"], progressing["message"],
+                         generation, now)
 
 
 def own_status(status: dict[str, Any]) -> dict[str, Any]:
@@ -272,14 +290,13 @@ class Reconciler:
                                        generation, now)
             conditions = self._ready_conditions(conditions, progress, workload, generation, now, stalled=True)
             # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
-            # waiting out its timeout on Ready=False; present only while the spec is invalid.
+            # waiting out its timeout on Ready=False; present while the spec is invalid or Degraded is True.
             conditions = set_condition(conditions, "Stalled", "True", reason, message, generation, now)
             kept = {k: status[k] for k in ("selector", "endpoint", "plan", "kvCapacity") if k in status}
             new_status = {**kept, "observedGeneration": generation, "conditions": conditions,
                           "replicas": progress["desired"], "readyReplicas": progress["ready"]}
         else:
             assert spec is not None and plan is not None
-            conditions = [c for c in conditions if c.get("type") != "Stalled"]
             conditions = set_condition(conditions, "SpecValid", "True", "Planned",
                                        f"flags derived: {plan.max_model_len} tokens of context, "
                                        f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
@@ -307,7 +324,10 @@ class Reconciler:
             if degraded[0] == "True":
                 # kstatus (Flux, kpt, cli-utils) knows no Degraded: Stalled=True makes it report the failure
                 # (a crash loop, an image it cannot pull, a name taken) instead of InProgress until its timeout.
+                # Updated in place, never dropped and re-added: its lastTransitionTime stays, a resync writes nothing.
                 conditions = set_condition(conditions, "Stalled", "True", degraded[1], degraded[2], generation, now)
+            else:
+                conditions = [c for c in conditions if c.get("type") != "Stalled"]
             conditions = self._ready_conditions(conditions, progress, workload, generation, now, trouble=trouble,
                                                 blocked=blocked)
             new_status = {
@@ -330,6 +350,7 @@ class Reconciler:
             if kv is not None:
                 new_status["kvCapacity"] = kv
 
+        new_status["conditions"] = kstatus_reconciling(new_status["conditions"], generation, now)
         new_status["conditions"] = [c for c in new_status["conditions"] if c["type"] in OWN_CONDITIONS]
         ready_condition = condition(new_status, "Ready")
         result.ready = ready_condition is not None and ready_condition["status"] == "True"
