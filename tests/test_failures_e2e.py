@@ -7,7 +7,7 @@ selector nobody matches, an image it cannot pull, a missing Secret, an OOM kill,
 last log lines as the termination message, a startup probe's kill, with the kubelet's own Events; the test
 plays the cluster autoscaler for a pod waiting for a node. Each failure must reach, with its reason:
 the conditions (Ready, Degraded, Stalled), `kubectl get vllms` (the Reason column), `kubectl describe`, a
-Warning Event on the VLLMServer, and the Argo CD health check (Lua 5.1).
+Warning Event on the VLLMServer, the Argo CD health check (Lua 5.1) and kstatus (cli-utils', as Flux reads it).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from kubernetes import client
 
 from e2e.controlplane import wait_for
 from e2e.fakekubelet import Fault, FakeKubelet
+from e2e.kstatus import kstatus
 from e2e.lua_health import run_health_check
 from e2e.operator_install import condition, events_for, kubectl_apply, load_example
 from vllm_operator.kube import Kube
@@ -155,9 +156,12 @@ def assert_visible_everywhere(world: dict[str, Any], ns: str, name: str, reason:
         assert texts[0] in warning[0]["message"]
         health = run_health_check(server)
         assert health["status"] == "Degraded" and texts[0] in health["message"], health
+        [verdict] = kstatus([server])  # Flux: Failed at once, not InProgress until its timeout
+        assert verdict["status"] == "Failed" and texts[0] in verdict["message"], verdict
     else:  # waiting for a node is not a failure
         assert condition(server, "Degraded")["status"] == "False" and not condition(server, "Stalled")
         assert run_health_check(server)["status"] == "Progressing"
+        assert kstatus([server])[0]["status"] == "InProgress"
     # kubectl get vllms: READY False, REASON the failure's.
     table = cp.kubectl("get", "vllms", name, "-n", ns, "--no-headers",
                        "-o", "custom-columns=READY:.status.conditions[?(@.type==\"Ready\")].status,"
