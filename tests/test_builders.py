@@ -556,3 +556,21 @@ def test_render_is_what_the_builders_build(path: Path):
     rc, out, _ = render(path)
     assert rc == 0
     assert list(yaml.safe_load_all(out)) == objects
+
+
+def test_a_hub_model_downloads_in_an_init_container_and_a_path_or_engine_download_does_not():
+    plan = plan_spec(model={"name": "meta-llama/Llama-3.2-3B-Instruct", "revision": "v2"})
+    pod = builders.pod_template(plan)["spec"]
+    [init] = pod["initContainers"]
+    main = pod["containers"][0]
+    assert init["command"][3:] == ["meta-llama/Llama-3.2-3B-Instruct", "v2"] and init["image"] == main["image"]
+    assert init["env"] == main["env"], "the same HF_HOME and HF_TOKEN as vLLM"
+    assert {m["name"] for m in init["volumeMounts"]} == {"cache", "home"}
+    assert "nvidia.com/gpu" not in str(init["resources"]) and init["securityContext"] == main["securityContext"]
+    assert [n for n in plan.notes if n.startswith("the weights download in the init container")]
+    for spec in ({"model": {"name": "meta-llama/Llama-3.2-3B-Instruct", "download": "Engine"}},
+                 {"model": {"name": "/models/llama-3b", "architecture": plan.model.architecture.model_dump(
+                     by_alias=True, exclude_none=True)}}):
+        other = plan_spec(**spec)
+        assert "initContainers" not in builders.pod_template(other)["spec"], spec
+        assert [n for n in other.notes if n.startswith("vLLM downloads or reads the weights itself")]

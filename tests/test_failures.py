@@ -307,3 +307,36 @@ def test_log_tail_keeps_the_last_lines():
 def test_startup_budget_uses_the_kubelets_defaults():
     assert failures.startup_budget({"startupProbe": {"periodSeconds": 10, "failureThreshold": 60}}) == (600, 60, 10)
     assert failures.startup_budget({"startupProbe": {"initialDelaySeconds": 30}}) == (60, 3, 10)
+
+
+GATED = "\n".join([
+    "huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-6745f0e2-3b0c)",
+    "Cannot access gated repo for url https://huggingface.co/api/models/meta-llama/Llama-3.1-8B-Instruct/revision/main.",
+    "Access to model meta-llama/Llama-3.1-8B-Instruct is restricted. You must have access to it and be authenticated.",
+])
+
+
+def with_download(p: dict[str, Any], init_status: dict[str, Any]) -> dict[str, Any]:
+    """The pod with the download init container (builders.download_container) in that state; vllm waits."""
+    p["spec"]["initContainers"] = [{"name": "download", "image": IMAGE, "terminationMessagePolicy":
+                                    "FallbackToLogsOnError"}]
+    p["status"]["initContainerStatuses"] = [{"name": "download", "image": IMAGE, "ready": False, "restartCount": 0,
+                                             **init_status}]
+    p["status"]["phase"] = "Pending"
+    return p
+
+
+def test_a_failing_download_is_named_with_its_last_lines_and_what_to_check():
+    p = with_download(pod(status=waiting("PodInitializing")), crashed(terminated(1, message=GATED), restarts=2))
+    trouble = classify([p], [])
+    assert trouble is not None and trouble.reason == "CrashLoopBackOff"
+    assert trouble.message.startswith("pod srv-0: the model's download (init container download) keeps failing "
+                                      "(CrashLoopBackOff, exit code 1, 2 restarts); last log lines: ")
+    assert "GatedRepoError: 401" in trouble.message and "spec.hfTokenSecretRef" in trouble.message
+
+
+def test_a_download_under_way_or_done_is_no_failure():
+    running = with_download(pod(status=waiting("PodInitializing")), {"state": {"running": {"startedAt": T0}}})
+    done = with_download(pod(status={"state": {"running": {"startedAt": T0}}}),
+                         {"ready": True, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}})
+    assert classify([running], []) is None and classify([done], []) is None

@@ -265,3 +265,74 @@ def test_vllm_serves_as_the_non_root_user_the_pods_run_as(tmp_path):
         with urllib.request.urlopen(req, timeout=60) as r:
             assert json.loads(r.read())["usage"]["completion_tokens"] == 4
     shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_download_init_container_fills_the_cache_vllm_then_serves_from():
+    """spec.model.download: InitContainer, for real: the init container's own command (python3 -c
+    builders.DOWNLOAD_SCRIPT <repo> <revision>) under the pod's uid and environment, with the real huggingface_hub
+    client of the vLLM image against a local Hub (e2e/hub_http.py) serving the tiny model as the example's repo
+    id; then the real vLLM, offline, serves that repo id from the cache alone. A restarted pod downloads nothing
+    again; a gated repo without a token fails with the Hub's 401, and the operator's classifier names it."""
+    from e2e.hub_http import HubServer
+    from vllm_operator import builders, failures, pipeline
+    from vllm_operator.api import VLLMServer
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())
+    server = VLLMServer.model_validate(doc)
+    repo = server.spec.model.name
+    pod = builders.pod_template(pipeline.plan_server(server.metadata.name, "ns", server.spec))["spec"]
+    [init] = pod["initContainers"]
+    assert init["name"] == builders.DOWNLOAD_CONTAINER and init["command"][:2] == ["python3", "-c"]
+    assert init["command"][3:] == [repo, ""] and "nvidia.com/gpu" not in str(init["resources"])
+    uid = pod["securityContext"]["runAsUser"]
+    env = {e["name"]: e["value"] for e in init["env"] if "value" in e}
+    tmp_path = Path(tempfile.mkdtemp(prefix="vllm-download-"))  # pytest's own tmp_path is root's alone (0700)
+    os.chmod(tmp_path, 0o755)
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    for d in (home, cache, tmp_path / "other"):
+        d.mkdir()
+        os.chown(d, uid, uid)
+    env.update(HOME=str(home), HF_HOME=str(cache / "huggingface"))
+    python = str(vllm_env.ensure_vllm())
+
+    def download(hub: HubServer, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", python,
+                               *init["command"][1:]], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                              env={"PATH": os.environ["PATH"], **env, "HF_ENDPOINT": hub.base,
+                                   "HF_HUB_DISABLE_TELEMETRY": "1", **extra})
+
+    with HubServer({repo: vllm_env.tiny_model_dir()}) as hub:
+        first = download(hub)
+        assert first.returncode == 0, first.stderr[-2000:]
+        got = sorted(p for m, p in hub.requests if m == "GET" and "/resolve/" in p)
+        assert any(p.endswith("/model.safetensors") for p in got) and any(p.endswith("/tokenizer.json") for p in got)
+        again = download(hub)  # a restarted pod: the cache already holds every file
+        assert again.returncode == 0 and sorted(p for m, p in hub.requests if m == "GET" and "/resolve/" in p) == got
+
+    with HubServer({repo: vllm_env.tiny_model_dir()}, gated={repo: "hf_right"}) as hub:
+        refused = download(hub, HF_HOME=str(tmp_path / "other"))
+    assert refused.returncode != 0 and "401" in refused.stderr
+    trouble = failures.classify([{
+        "metadata": {"name": "srv-0", "uid": "u"}, "spec": {"initContainers": [init], "containers": []},
+        "status": {"initContainerStatuses": [{"name": init["name"], "ready": False, "restartCount": 1,
+                                              "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                              "lastState": {"terminated": {"exitCode": refused.returncode,
+                                                                           "message": refused.stderr[-4096:]}}}]},
+    }], [])
+    assert trouble is not None and "the model's download (init container download) keeps failing" in trouble.message
+    assert "401" in trouble.message and "spec.hfTokenSecretRef" in trouble.message, trouble.message
+
+    # vLLM, offline (start_vllm sets HF_HUB_OFFLINE=1), serves the repo id from what the init container left.
+    host = "127.0.0.4"
+    port = free_port(host)
+    proc = start_vllm(host, port, user=uid, model_dir=repo, env={"HOME": env["HOME"], "HF_HOME": env["HF_HOME"]},
+                      log_path=tmp_path / "vllm.log")
+    with proc:
+        proc.wait_healthy(300)
+        body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 4}).encode()
+        req = urllib.request.Request(f"http://{host}:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.loads(r.read())["usage"]["completion_tokens"] == 4
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -294,6 +294,17 @@ class ModelSpec(_Model):
     """Architecture facts; required for models that are neither in the catalog nor reachable via config.json."""
     config_url: Optional[str] = Field(None, min_length=1, max_length=2048, alias="configURL")
     """Where to fetch the model's config.json (http(s) URL), when the model is not in the catalog."""
+    download: Literal["InitContainer", "Engine"] = "InitContainer"
+    """Who downloads a Hugging Face model into the cache: an init container before vLLM starts (default: the
+    download has no probe deadline, so a slow link is never killed by the startup probe, which then covers the
+    load alone), or vLLM itself at start (its startup probe then covers the download too). A name that is a
+    path is never downloaded."""
+
+
+def is_hub_model(name: str) -> bool:
+    """A Hugging Face repo id (org/name), not a path in the cache volume or a URL."""
+    return name.count("/") == 1 and not name.startswith(("/", ".", "~")) and "://" not in name \
+        and all(part.strip() for part in name.split("/"))
 
 
 # --------------------------------------------------------------------------- gpu

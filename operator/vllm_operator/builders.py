@@ -120,6 +120,41 @@ def container_env(plan: Plan) -> list[dict[str, Any]]:
     return env
 
 
+#: What the download init container runs: huggingface_hub (in every vLLM image) fetches the files vLLM reads
+#: (weights as safetensors, config, tokenizer, chat template) into HF_HOME; vLLM then finds them in the cache.
+#: Arguments: the repo id and the revision ("" for the default branch).
+DOWNLOAD_SCRIPT = (
+    "import sys\n"
+    "from huggingface_hub import snapshot_download\n"
+    "path = snapshot_download(sys.argv[1], revision=sys.argv[2] or None, allow_patterns=["
+    "'*.safetensors', '*.json', '*.model', '*.tiktoken', '*.txt', '*.jinja', 'tokenizer*'])\n"
+    "print('downloaded', sys.argv[1], 'to', path)\n"
+)
+DOWNLOAD_CONTAINER = "download"
+
+
+def download_container(plan: Plan, mounts: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The init container that fills the cache before vLLM starts (spec.model.download: InitContainer)."""
+    spec = plan.spec
+    if spec.model.download != "InitContainer" or not api.is_hub_model(spec.model.name):
+        return None
+    container: dict[str, Any] = {
+        "name": DOWNLOAD_CONTAINER,
+        "image": spec.image,
+        "command": ["python3", "-c", DOWNLOAD_SCRIPT, spec.model.name, spec.model.revision or ""],
+        "env": container_env(plan),
+        # A download needs no GPU; a few hundred MiB for the client and its buffers.
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "4Gi"}},
+        "volumeMounts": [m for m in mounts if m["name"] in ("cache", "home")],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    return container
+
+
 def pod_security_context(spec: api.VLLMServerSpec) -> dict[str, Any]:
     """Non-root with the runtime's default seccomp profile: what Pod Security "restricted" asks of a pod (the
     container adds no privilege escalation and drops every capability). fsGroup makes the model cache's claim
@@ -225,6 +260,9 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(spec),
     }
+    download = download_container(plan, mounts)
+    if download is not None:
+        pod_spec["initContainers"] = [download]
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     if spec.ipc == "Host":

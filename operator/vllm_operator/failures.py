@@ -220,8 +220,10 @@ def pod_failures(pod: dict[str, Any], events: list[dict[str, Any]],
     unscheduled = unschedulable(pod, own, now)
     if unscheduled:
         out.append(unscheduled)
-    containers = {c.get("name"): c for c in (pod.get("spec") or {}).get("containers") or []}
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    containers = {c.get("name"): c for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]}
+    # Init containers first (the model's download): while one fails, the others never start.
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         out += container_failures(name, cs, containers.get(cs.get("name")) or {}, own)
     return out
 
@@ -365,8 +367,16 @@ def _exit(code: Any) -> str:
     return f"exit code {code}"
 
 
+#: The init container that downloads the model (builders.DOWNLOAD_CONTAINER).
+DOWNLOAD_CONTAINER = "download"
+
+
 def crash_message(pod: str, c: str, last: dict[str, Any], restarts: int) -> str:
     tail = log_tail(last.get("message"))
     said = f"last log lines: {tail}" if tail else f"no termination message; see kubectl logs {pod} --previous"
-    return (f"pod {pod}: container {c} keeps exiting (CrashLoopBackOff, {_exit(last.get('exitCode'))}, "
-            f"{restarts} restarts); {said}")
+    what = (f"the model's download (init container {c}) keeps failing" if c == DOWNLOAD_CONTAINER
+            else f"container {c} keeps exiting")
+    hint = ("; a gated or private model needs spec.hfTokenSecretRef (a token with access to it), and "
+            "spec.model.name and spec.model.revision must exist on the Hub" if c == DOWNLOAD_CONTAINER else "")
+    return (f"pod {pod}: {what} (CrashLoopBackOff, {_exit(last.get('exitCode'))}, {restarts} restarts); {said}"
+            + hint)

@@ -832,6 +832,13 @@ def plan(
     p.cpu_request = max(4, 2 * tp + 2)
     p.startup_seconds = int(max(_a("startup_floor_seconds"),
                                 p.weight_bytes_total / _a("load_bandwidth") + _a("engine_init_seconds")))
+    if spec.model.download == "InitContainer" and api.is_hub_model(spec.model.name):
+        p.notes.append(f"the weights download in the init container 'download' before vLLM starts (no probe "
+                       f"deadline: a slow link is never killed); the startup probe's {p.startup_seconds} s cover "
+                       f"reading {gib(p.weight_bytes_total)} from the cache and the engine's start")
+    else:
+        p.notes.append(f"vLLM downloads or reads the weights itself: the startup probe's {p.startup_seconds} s cover "
+                       f"{gib(p.weight_bytes_total)} at {_a('load_bandwidth') / 1e6:.0f} MB/s and the engine's start")
     plan_shutdown(p)
     if spec.image.split("@", 1)[0] != api.DEFAULT_IMAGE:  # the default release pinned by digest is the default
         p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
