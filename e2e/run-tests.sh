@@ -31,6 +31,12 @@ if ! command -v shellcheck >/dev/null 2>&1; then
     || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q shellcheck >/dev/null; }
 fi
 
+if ! command -v docker-registry >/dev/null 2>&1; then
+  step "docker-registry (Debian's OCI registry; the chart is pushed to it as the release workflow pushes to ghcr.io)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null; }
+fi
+
 if ! command -v prometheus >/dev/null 2>&1; then
   step "prometheus and promtool (Debian's; the autoscaler's Prometheus source, the alert and dashboard checks)"
   .venv/bin/python -m e2e.prometheus ensure >/dev/null

@@ -5,9 +5,11 @@ sleep on PATH as recorders: what they receive is what the reader's tools would (
 command fails). Each command is then checked against what it names, computed by the real thing
 rather than re-derived: the example through `vllm-operator plan` and `vllm-operator render`, the
 chart through Helm's own code, the release workflow's OCI location and the chart's version, the
-CRD's names and the conditions the operator sets. On the test bed's API server the kubectl
-commands run for real (the operator as a process, a fake kubelet for the L4 node), and the curl
-runs against a real vLLM serving the example's model name.
+CRD's names and the conditions the operator sets. The chart is packaged and pushed as the release
+workflow does, to a real OCI registry on loopback in ghcr.io's place, and the README's reference
+pulls it back. On the test bed's API server the kubectl commands run for real (the operator as a
+process, a fake kubelet for the L4 node), and the curl runs against a real vLLM serving the
+example's model name.
 """
 
 from __future__ import annotations
@@ -182,6 +184,30 @@ def test_helm_installs_the_chart_the_release_workflow_pushes_at_the_charts_versi
     assert positional(checkout)[1:3] == [release, str(packaging.CHART)]
     for c in installs:
         assert option(c, "-n", "--namespace") == "vllm-operator" and "--create-namespace" in c
+
+
+def test_the_chart_pushed_as_the_release_workflow_does_is_what_the_readme_installs(commands, tmp_path):
+    """`helm package` and `helm push` to CHART_REPOSITORY as the workflow runs them, into a real OCI registry
+    standing in for ghcr.io: the README's reference and version pull the checkout's chart back."""
+    from e2e.oci_registry import OciRegistry
+
+    hp = packaging.helm_python()
+    env = workflow_env()
+    (install,) = [c for c in commands if c[:2] == ["helm", "install"] and any(a.startswith("oci://") for a in c)]
+    ref, version = positional(install)[2], option(install, "--version")
+    released = urlsplit(env["CHART_REPOSITORY"]).netloc
+    with OciRegistry(tmp_path / "registry") as registry:
+        def here(reference: str) -> str:
+            assert reference.startswith(f"oci://{released}/"), reference
+            return reference.replace(released, registry.host, 1)
+
+        archive = hp.package(str(CHART), destination=str(tmp_path / "dist"))
+        hp.push(archive, here(env["CHART_REPOSITORY"]), plain_http=True)
+        assert hp.RegistryClient(plain_http=True).tags(here(ref)) == [version]
+        hp.pull(here(ref), version=version, destination=str(tmp_path / "pulled"), untar=True, plain_http=True)
+    pulled = tmp_path / "pulled" / chart_metadata()["name"]
+    assert packaging.render_chart(pulled) == packaging.render_chart(CHART)
+    assert yaml.safe_load((pulled / "values.yaml").read_text())["image"]["repository"] == env["IMAGE"]
 
 
 def test_rollout_status_names_the_deployment_the_chart_installs(commands):
