@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import math
 import os
 import random
 import signal
@@ -39,6 +40,8 @@ from e2e.controlplane import wait_for
 from e2e.fakekubelet import FakeKubelet
 from e2e.loadgen import LoadGenerator
 from e2e.operator_process import OperatorProcess
+from e2e.monitoring import dashboard_queries
+from e2e.operator_install import free_port
 from e2e.prometheus import PrometheusServer
 from vllm_operator.autoscaler.metrics import parse_vllm_metrics
 from vllm_operator.kube import Kube
@@ -110,6 +113,8 @@ class VLLMPods:
         self.gate = False
         self.errors: list[str] = []
         self.progress: dict[str, str] = {}  # pod -> where its readiness stands (for a failure's report)
+        #: Other scrape targets (the operator's own /metrics, for the dashboard's queries).
+        self.extra_targets: list[tuple[str, dict[str, str]]] = []
         self._lock = threading.Lock()
 
     def url(self, pod: str) -> str:
@@ -117,7 +122,7 @@ class VLLMPods:
 
     def _targets(self) -> None:
         self.prometheus.set_targets([(f"{ip}:8000", {"namespace": self.namespace, "pod": pod})
-                                     for pod, ip in sorted(self.pod_ip.items())])
+                                     for pod, ip in sorted(self.pod_ip.items())] + self.extra_targets)
 
     def on_pod_start(self, pod, ip: str) -> bool:
         name = pod.metadata.name
@@ -188,8 +193,10 @@ def stack(control_plane, k8s, tmp_path_factory):
                           auto_ready=False)
     pods.kubelet = kubelet
     kubelet.start()
+    health = free_port()
+    pods.extra_targets = [(f"127.0.0.1:{health}", {"job": "vllm-operator"})]
     operator = OperatorProcess(control_plane.kubeconfig, work / "operator.log", resync_seconds=3,
-                               extra_args=["--prometheus-url", prometheus.url]).start()
+                               extra_args=["--prometheus-url", prometheus.url, "--health-port", str(health)]).start()
     state = {"namespace": namespace, "pods": pods, "prometheus": prometheus, "operator": operator,
              "kubelet": kubelet, "kube": Kube(k8s), "cp": control_plane, "load": None}
     try:
@@ -301,7 +308,7 @@ def test_1_pods_source_scales_up_once_while_the_new_replica_loads(stack):
     # The autoscaler patches the StatefulSet, then posts its event, then writes status: poll
     # for the status. Its reason moves on at the next tick (the new replica is starting), so
     # the decision's own words are checked in the event, which stays.
-    au = wait_for(lambda: (lambda a: a if a.get("desiredReplicas") == 2 and a.get("lastScaleTime") else None)(
+    wait_for(lambda: (lambda a: a if a.get("desiredReplicas") == 2 and a.get("lastScaleTime") else None)(
         server(st)["status"].get("autoscaling") or {}), 30, "status.autoscaling records the scale-up")
     [up] = wait_for(lambda: events(st, "ScaledUp"), 30, "ScaledUp event")
     assert up["message"].startswith("1 -> 2 replicas (pods' /metrics): scale up 1 -> 2")
@@ -381,6 +388,26 @@ def test_3_prometheus_source_scales_up_to_max(stack):
         cond(server(st), "AutoscalingLimited")), 120, "AutoscalingLimited at maxReplicas")
     assert limited["reason"] == "AtMaxReplicas" and limited["message"].startswith("at maxReplicas 2")
     stop_load_and_drain(st)
+
+
+@pytest.mark.timeout(300)
+def test_3b_every_dashboard_query_returns_data(stack):
+    """The chart's Grafana dashboard against the real Prometheus that scraped the real vLLM pods (under load,
+    queueing, scaling) and the operator: every panel's query (its variables as Grafana fills them for every
+    namespace and server) answers with numbers, none of them NaN (a histogram with no request in its window)."""
+    prometheus: PrometheusServer = stack["prometheus"]
+
+    def numbers(expr: str) -> list[float]:
+        return [float(r["value"][1]) for r in prometheus.query(expr)]
+
+    empty = {}
+    for q in dashboard_queries():
+        try:
+            wait_for(lambda: (lambda v: v and not any(math.isnan(x) for x in v))(numbers(q.expr)), 60,
+                     f"{q.panel} {q.ref_id}", interval=1)
+        except TimeoutError:
+            empty[f"{q.panel} {q.ref_id}"] = numbers(q.expr)
+    assert not empty, empty
 
 
 @pytest.mark.timeout(600)
