@@ -574,3 +574,27 @@ def test_a_hub_model_downloads_in_an_init_container_and_a_path_or_engine_downloa
         other = plan_spec(**spec)
         assert "initContainers" not in builders.pod_template(other)["spec"], spec
         assert [n for n in other.notes if n.startswith("vLLM downloads or reads the weights itself")]
+
+
+def test_a_shared_cache_is_one_read_write_many_claim_every_replica_mounts():
+    plan = plan_spec(replicas=3, cache={"size": "200Gi", "shared": True, "storageClassName": "nfs"})
+    objects = builders.build_all(plan, OWNER)
+    kinds = [o["kind"] for o in objects]
+    assert kinds.index("PersistentVolumeClaim") < kinds.index("StatefulSet"), "the claim before its pods"
+    [claim] = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert claim["metadata"]["name"] == "srv-cache" and claim["metadata"]["ownerReferences"][0]["controller"]
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "200Gi"}},
+                             "storageClassName": "nfs"}
+    [sts] = [o for o in objects if o["kind"] == "StatefulSet"]
+    assert "volumeClaimTemplates" not in sts["spec"]
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["cache"] == {"name": "cache", "persistentVolumeClaim": {"claimName": "srv-cache"}}
+    # per replica (today's default) stays volumeClaimTemplates; a DaemonSet may share, not claim per pod
+    per_replica = [o for o in builders.build_all(plan_spec(cache={"size": "200Gi"}), OWNER) if o["kind"] == "StatefulSet"]
+    assert per_replica[0]["spec"]["volumeClaimTemplates"][0]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    ds = plan_spec(workload="DaemonSet", cache={"size": "200Gi", "shared": True})
+    assert [o["kind"] for o in builders.build_all(ds, OWNER)].count("PersistentVolumeClaim") == 1
+    bad = pipeline.plan_server("srv", "ns1", api.VLLMServerSpec.model_validate(
+        {"model": {"name": "meta-llama/Llama-3.2-3B-Instruct"}, "gpu": {"count": 1, "product": "NVIDIA-L4"},
+         "workload": "DaemonSet", "cache": {"size": "200Gi"}}))
+    assert [p.field for p in bad.problems] == ["spec.cache.size"] and "cache.shared" in bad.problems[0].message

@@ -46,6 +46,12 @@ def test_the_valid_examples_are_admitted(control_plane, crd_installed, namespace
         doc["metadata"].pop("namespace", None)
         p = apply(control_plane, namespace, doc)
         assert p.returncode == 0, f"{path.name}: {p.stderr}"
+    # One shared ReadWriteMany claim is what a DaemonSet may create (a claim per pod it may not).
+    doc = yaml.safe_load((ROOT / "examples" / "qwen-7b-daemonset.yaml").read_text())
+    doc["metadata"].pop("namespace", None)
+    doc["spec"]["cache"] = {"size": "100Gi", "shared": True, "storageClassName": "nfs"}
+    p = apply(control_plane, namespace, doc)
+    assert p.returncode == 0, p.stderr
 
 
 REFUSED = [
@@ -74,6 +80,8 @@ REFUSED = [
     ("a cache with neither", {"cache": {"storageClassName": "fast"}}, "spec.cache", "set size"),
     ("a claim per pod of a DaemonSet", {"workload": "DaemonSet", "cache": {"size": "100Gi"}}, "spec.cache.size",
      "cannot create a claim per pod"),
+    ("a shared cache without a size", {"cache": {"shared": True, "storageClassName": "nfs"}}, "spec.cache.shared",
+     "shared needs size"),
     ("batched tokens below seqs", {"engine": {"maxNumSeqs": 64, "maxNumBatchedTokens": 32}},
      "spec.engine.maxNumBatchedTokens", "at least maxNumSeqs"),
     ("HF_HOME in env", {"engine": {"env": [{"name": "HF_HOME", "value": "/x"}]}}, "spec.engine.env[0].name",

@@ -161,6 +161,7 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
         ("apps", "statefulsets"): CHILD_VERBS,
         ("apps", "daemonsets"): CHILD_VERBS,
         ("", "services"): CHILD_VERBS,
+        ("", "persistentvolumeclaims"): CHILD_VERBS,
         ("policy", "poddisruptionbudgets"): CHILD_VERBS,
         ("autoscaling", "horizontalpodautoscalers"): CHILD_VERBS,
         ("keda.sh", "scaledobjects"): CHILD_VERBS,

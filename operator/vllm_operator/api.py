@@ -429,9 +429,13 @@ class EngineSpec(_Model):
 
 # --------------------------------------------------------------------------- storage / secrets
 class CacheSpec(_Model):
-    """The Hugging Face cache volume (HF_HOME). Either a new claim per replica (size) or an existing claim."""
+    """The Hugging Face cache volume (HF_HOME): a new claim per replica (size), one new claim every replica shares
+    (size and shared: ReadWriteMany, the model downloaded once), or an existing claim (claimName)."""
 
     model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.shared) || !self.shared || has(self.size)",
+            "shared needs size (the claim the operator creates for every replica); a claimName is shared as it is",
+            ".shared"),
         cel("!has(self.claimName) || !(has(self.size) || has(self.storageClassName))",
             "set either claimName (an existing claim) or size/storageClassName (a new claim per replica), not both",
             ".claimName"),
@@ -440,7 +444,12 @@ class CacheSpec(_Model):
     ))
 
     size: Optional[ByteSize] = None
-    """Size of a new PersistentVolumeClaim per replica (StatefulSet volumeClaimTemplates)."""
+    """Size of a new PersistentVolumeClaim per replica (StatefulSet volumeClaimTemplates), or of the one shared
+    claim with shared: true."""
+    shared: bool = False
+    """One ReadWriteMany claim, <name>-cache, created and owned by the server, that every replica (every node of a
+    DaemonSet) mounts: the model is downloaded once, not once per replica. Needs a storage class that offers
+    ReadWriteMany (NFS, CephFS, EFS, Filestore, ...); deleting the server deletes the claim."""
     storage_class_name: Optional[DNSSubdomain] = Field(None, alias="storageClassName")
     """Storage class of the new claim; the cluster default when omitted."""
     claim_name: Optional[DNSSubdomain] = Field(None, alias="claimName")
@@ -548,8 +557,10 @@ class VLLMServerSpec(_Model):
         cel("!self.hostNetwork || self.workload == 'DaemonSet'",
             "only a DaemonSet may use the node's network (replicas of a StatefulSet would collide on port 8000)",
             ".hostNetwork"),
-        cel("!has(self.cache) || !has(self.cache.size) || self.workload != 'DaemonSet'",
-            "a DaemonSet cannot create a claim per pod; use cache.claimName (ReadWriteMany or ReadOnlyMany)",
+        cel("!has(self.cache) || !has(self.cache.size) || self.workload != 'DaemonSet' "
+            "|| (has(self.cache.shared) && self.cache.shared)",
+            "a DaemonSet cannot create a claim per pod; set cache.shared (one ReadWriteMany claim for every node) "
+            "or use cache.claimName (ReadWriteMany or ReadOnlyMany)",
             ".cache.size"),
     ))
 

@@ -213,8 +213,9 @@ def pod_template(plan: Plan) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "home", "emptyDir": {}}]
     if spec.cache is None:
         volumes.append({"name": "cache", "emptyDir": {}})
-    elif spec.cache.claim_name:
-        volumes.append({"name": "cache", "persistentVolumeClaim": {"claimName": spec.cache.claim_name}})
+    elif spec.cache.claim_name or spec.cache.shared:
+        claim = spec.cache.claim_name or shared_cache_claim_name(plan.name)
+        volumes.append({"name": "cache", "persistentVolumeClaim": {"claimName": claim}})
     # else: the StatefulSet's volumeClaimTemplates provides "cache"
     if spec.ipc == "SharedMemory":
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -302,7 +303,7 @@ def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any
     }
     if owns_replicas(spec):
         sts_spec["replicas"] = spec.replicas
-    if spec.cache is not None and spec.cache.size:
+    if spec.cache is not None and spec.cache.size and not spec.cache.shared:
         claim: dict[str, Any] = {
             "metadata": {"name": "cache"},
             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": spec.cache.size}}},
@@ -365,6 +366,22 @@ def wants_pdb(spec: api.VLLMServerSpec) -> bool:
     if spec.autoscaling.enabled:
         return (spec.autoscaling.max_replicas or 1) > 1
     return spec.replicas > 1
+
+
+def shared_cache_claim_name(name: str) -> str:
+    return f"{name}-cache"
+
+
+def build_shared_cache_claim(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+    """cache.shared: one ReadWriteMany claim every replica mounts, so the model is downloaded once. Only its size
+    may change later (Kubernetes expands a claim when its storage class allows; it never shrinks one)."""
+    cache = plan.spec.cache
+    assert cache is not None and cache.size and cache.shared
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": cache.size}}}
+    if cache.storage_class_name:
+        spec["storageClassName"] = cache.storage_class_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": metadata(plan, shared_cache_claim_name(plan.name), owner, component="cache"), "spec": spec}
 
 
 def build_pdb(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
@@ -461,6 +478,8 @@ def build_all(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:
         raise ValueError("cannot build objects for a plan with problems: " + "; ".join(map(str, plan.problems)))
     spec = plan.spec
     objects: list[dict[str, Any]] = [build_service(plan, owner)]
+    if spec.cache is not None and spec.cache.shared:
+        objects.append(build_shared_cache_claim(plan, owner))  # before the pods that mount it
     if spec.workload == "StatefulSet":
         objects.append(build_headless_service(plan, owner))
         objects.append(build_statefulset(plan, owner))

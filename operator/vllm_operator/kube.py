@@ -23,6 +23,7 @@ PLURALS = {
     ("v1", "Service"): "services",
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
+    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Namespace"): "namespaces",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("apps/v1", "DaemonSet"): "daemonsets",

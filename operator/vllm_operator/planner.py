@@ -450,9 +450,12 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
                 "replica), not both")
         elif not c.claim_name and not c.size:
             add("spec.cache", "set size (a new claim per replica) or claimName (an existing claim)")
-        elif c.size and spec.workload == "DaemonSet":
-            add("spec.cache.size", "a DaemonSet cannot create a claim per pod; use cache.claimName (ReadWriteMany "
-                "or ReadOnlyMany)")
+        elif c.shared and not c.size:
+            add("spec.cache.shared", "shared needs size (the claim the operator creates for every replica); a "
+                "claimName is shared as it is")
+        elif c.size and not c.shared and spec.workload == "DaemonSet":
+            add("spec.cache.size", "a DaemonSet cannot create a claim per pod; set cache.shared (one ReadWriteMany "
+                "claim for every node) or use cache.claimName (ReadWriteMany or ReadOnlyMany)")
     problems.extend(credential_problems(spec))
     problems.extend(flag_like_values(spec))
     for i, env in enumerate(spec.engine.env):

@@ -222,9 +222,9 @@ class Reconciler:
     monotonic: Callable[[], float] = time.monotonic
 
     def managed_kinds(self) -> list[tuple[str, str]]:
-        return [("v1", "Service"), ("apps/v1", "StatefulSet"), ("apps/v1", "DaemonSet"),
-                ("policy/v1", "PodDisruptionBudget"), ("autoscaling/v2", "HorizontalPodAutoscaler"),
-                (KEDA_API_VERSION, "ScaledObject")]
+        return [("v1", "Service"), ("v1", "PersistentVolumeClaim"), ("apps/v1", "StatefulSet"),
+                ("apps/v1", "DaemonSet"), ("policy/v1", "PodDisruptionBudget"),
+                ("autoscaling/v2", "HorizontalPodAutoscaler"), (KEDA_API_VERSION, "ScaledObject")]
 
     def serves_keda(self) -> bool:
         """Whether the cluster serves KEDA's ScaledObject (discovery, cached briefly: KEDA may be installed later)."""

@@ -52,6 +52,11 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The model cache claim every replica shares (cache.shared); per-replica claims are the StatefulSet
+# controller's (volumeClaimTemplates).
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
