@@ -9,6 +9,7 @@
 //
 //	argocd-health -script FILE [-use-open-libs] [RESOURCE.json]
 //	argocd-health -argocd-cm CONFIGMAP.yaml [RESOURCE.json]
+//	argocd-health -version   (the Argo CD, gitops-engine, gopher-lua and Go versions linked in, as JSON)
 //
 // -script is the health script as argocd-cm holds it under resource.customizations.health.<group>_<kind>,
 // used as the override of the resource's own group/kind. -argocd-cm is a whole argocd-cm ConfigMap (YAML
@@ -30,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 
 	"github.com/argoproj/argo-cd/gitops-engine/v3/pkg/health"
 	log "github.com/sirupsen/logrus"
@@ -91,11 +93,40 @@ func overridesFromConfigMap(path string) (map[string]v1alpha1.ResourceOverride, 
 	return manager.GetResourceOverrides()
 }
 
+// versions are the module versions this binary was linked with (the go.mod pins, as the linker saw them).
+func versions() map[string]string {
+	v := map[string]string{}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		fail(2, "no build information in the binary")
+	}
+	v["go"] = info.GoVersion
+	names := map[string]string{
+		"github.com/argoproj/argo-cd/v3":               "argo-cd",
+		"github.com/argoproj/argo-cd/gitops-engine/v3": "gitops-engine",
+		"github.com/yuin/gopher-lua":                   "gopher-lua",
+	}
+	for _, dep := range info.Deps {
+		if name, ok := names[dep.Path]; ok {
+			if dep.Replace != nil {
+				dep = dep.Replace
+			}
+			v[name] = dep.Version
+		}
+	}
+	return v
+}
+
 func main() {
 	scriptPath := flag.String("script", "", "the Lua health script, as the override of the resource's group/kind")
 	useOpenLibs := flag.Bool("use-open-libs", false, "with -script: as resource.customizations.useOpenLibs.<group>_<kind>: true (Argo CD's default is false)")
 	cmPath := flag.String("argocd-cm", "", "an argocd-cm ConfigMap (YAML or JSON) to read the resource overrides from")
+	version := flag.Bool("version", false, "print the versions linked in, as JSON")
 	flag.Parse()
+	if *version {
+		_ = json.NewEncoder(os.Stdout).Encode(versions())
+		return
+	}
 	if (*scriptPath == "") == (*cmPath == "") || flag.NArg() > 1 || (*useOpenLibs && *scriptPath == "") {
 		fail(2, "usage: argocd-health {-script FILE [-use-open-libs] | -argocd-cm CONFIGMAP.yaml} [RESOURCE.json]")
 	}
