@@ -1,20 +1,35 @@
-"""Run an Argo CD health check (Lua 5.1) against a resource, with a real Lua 5.1 interpreter.
+"""Run an Argo CD health check (Lua 5.1) against a resource, in two runtimes.
 
-Argo CD runs health scripts in gopher-lua (Lua 5.1) with the resource as the global `obj`
-and takes the table the script returns. Here the resource (JSON-like dict) becomes a Lua
+"lua5.1": Argo CD runs health scripts in gopher-lua (Lua 5.1) with the resource as the global
+`obj` and takes the table the script returns. Here the resource (JSON-like dict) becomes a Lua
 table literal, and Debian's `lua5.1` runs the script (e2e/run-tests.sh installs it).
+
+"argocd": Argo CD's own runtime, `argocd-health` (e2e/testbed/argocd, built by e2e/argocd-build.sh
+from the github.com/argoproj/argo-cd/v3 release its go.mod pins): gopher-lua with Argo CD's sandbox
+(no string, io or full os library unless useOpenLibs), its one-second deadline, its conversion of
+the object and of the result, called as the application controller calls it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-HEALTH_SCRIPT = Path(__file__).resolve().parents[1] / "operator" / "vllm_operator" / "argocd_health.lua"
+import yaml
+
+HERE = Path(__file__).resolve().parent
+HEALTH_SCRIPT = HERE.parent / "operator" / "vllm_operator" / "argocd_health.lua"
+ARGOCD_SRC = HERE / "testbed" / "argocd"
+ARGOCD_BUILD = HERE / "argocd-build.sh"
+#: The runtimes run_health_check can use.
+RUNTIMES = ("lua5.1", "argocd")
 
 
 def lua_interpreter() -> str:
@@ -44,8 +59,13 @@ def to_lua(value: Any) -> str:
     raise TypeError(f"cannot convert {type(value).__name__} to Lua")
 
 
-def run_health_check(obj: dict[str, Any], script: Path = HEALTH_SCRIPT, timeout: float = 30) -> dict[str, str]:
-    """The table the health script returns for `obj`: {"status": ..., "message": ...}."""
+def run_health_check(obj: dict[str, Any], script: Path = HEALTH_SCRIPT, timeout: float = 30,
+                     runtime: str = "lua5.1") -> dict[str, str]:
+    """The table the health script returns for `obj`: {"status": ..., "message": ...}, in `runtime`."""
+    if runtime == "argocd":
+        return run_argocd_health_check(obj, script=script, timeout=timeout)
+    if runtime != "lua5.1":
+        raise ValueError(f"unknown runtime {runtime!r}: one of {RUNTIMES}")
     program = (
         f"obj = {to_lua(obj)}\n"
         f"local check = assert(loadfile({to_lua(str(script))}))\n"
@@ -58,3 +78,67 @@ def run_health_check(obj: dict[str, Any], script: Path = HEALTH_SCRIPT, timeout:
         raise RuntimeError(f"lua5.1 failed ({p.returncode}): {p.stderr.decode(errors='replace')}")
     status, message = p.stdout.decode().split("\0", 1)
     return {"status": status, "message": message}
+
+
+# --------------------------------------------------------------------------- Argo CD's own runtime
+def pinned_argocd_version() -> str:
+    """The Argo CD release e2e/testbed/argocd/go.mod pins (github.com/argoproj/argo-cd/v3 vX.Y.Z), without the v."""
+    for line in (ARGOCD_SRC / "go.mod").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "github.com/argoproj/argo-cd/v3":
+            return parts[1].lstrip("v")
+    raise RuntimeError("e2e/testbed/argocd/go.mod does not require github.com/argoproj/argo-cd/v3")
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("VLLM_OPERATOR_CACHE", Path.home() / ".cache" / "vllm-operator"))
+
+
+@functools.cache
+def argocd_binary() -> Path:
+    """argocd-health, built by e2e/argocd-build.sh if needed (0.01 s when it is; e2e/run-tests.sh builds it first)."""
+    p = subprocess.run(["bash", str(ARGOCD_BUILD)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{ARGOCD_BUILD} failed ({p.returncode}):\n{p.stderr[-4000:]}")
+    binary = _cache_dir() / f"argocd-{pinned_argocd_version()}" / "bin" / "argocd-health"
+    if not os.access(binary, os.X_OK):
+        raise RuntimeError(f"{binary} missing after {ARGOCD_BUILD}")
+    return binary
+
+
+def argocd_versions() -> dict[str, str]:
+    """What argocd-health was linked with: {"argo-cd", "gitops-engine", "gopher-lua", "go"} -> version."""
+    p = subprocess.run([str(argocd_binary()), "-version"], capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(p.stdout)
+
+
+def run_argocd_health_check(obj: dict[str, Any], script: Path = HEALTH_SCRIPT, timeout: float = 30, *,
+                            use_open_libs: bool = False,
+                            argocd_cm: Optional[dict[str, Any]] = None) -> dict[str, str]:
+    """Argo CD's health for `obj` (which needs apiVersion and kind, as every object Argo CD reads has).
+
+    The script is the override of the object's group/kind, with the standard libraries closed as argocd-cm's
+    resource.customizations.useOpenLibs.<group>_<kind> defaults to (or open, `use_open_libs`). With
+    `argocd_cm` (a ConfigMap's dict) Argo CD's settings manager reads the overrides from it instead.
+    When the script fails, Argo CD shows the health as Unknown with the error: this raises RuntimeError
+    with that error.
+    """
+    with tempfile.TemporaryDirectory(prefix="argocd-health-") as tmp:
+        if argocd_cm is not None:
+            cm_path = Path(tmp) / "argocd-cm.yaml"
+            cm_path.write_text(yaml.safe_dump(argocd_cm))
+            args = ["-argocd-cm", str(cm_path)]
+        else:
+            args = ["-script", str(script)] + (["-use-open-libs"] if use_open_libs else [])
+        p = subprocess.run([str(argocd_binary()), *args], input=json.dumps(obj).encode(), capture_output=True,
+                           timeout=timeout)
+    out, err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    if p.returncode == 0:
+        hs = json.loads(out)
+        return {"status": hs["status"], "message": hs["message"]}
+    shown = ""
+    if p.returncode == 1 and out.strip():
+        hs = json.loads(out)
+        shown = f" (Argo CD shows {hs['status']}: {hs['message']})"
+        err = hs["error"]
+    raise RuntimeError(f"Argo CD {pinned_argocd_version()} failed ({p.returncode}): {err.strip()}{shown}")
