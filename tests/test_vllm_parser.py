@@ -74,6 +74,8 @@ def sweep_specs() -> list[dict[str, Any]]:
 # revision, served name, extra flags the planner lets through.
 VARIANTS = [
     {"engine": {"kvCacheDtype": "fp8"}},
+    # an inline chat template as the --chat-template value (vLLM reads Jinja syntax as the template itself)
+    {"engine": {"chatTemplate": "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"}},
     {"engine": {"kvCacheDtype": "fp8_e5m2", "enablePrefixCaching": False}},
     {"engine": {"enforceEager": True, "enablePrefixCaching": True}},
     {"engine": {"shutdownTimeoutSeconds": 0}},

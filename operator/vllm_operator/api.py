@@ -421,6 +421,9 @@ class EngineSpec(_Model):
     """Most requests one server holds, running and waiting (--max-num-queued-reqs); past it vLLM answers 503.
     Unlimited when omitted.
     With autoscaling it must leave room above maxNumSeqs for more than targetWaitingPerReplica waiting requests."""
+    chat_template: Optional[str] = Field(None, min_length=1, max_length=65536, alias="chatTemplate")
+    """A Jinja2 chat template (--chat-template) instead of the model's own; rendered with a sample conversation in
+    the sandbox vLLM uses before anything is applied, so one that does not parse or raises is refused here."""
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, alias="extraArgs", max_length=128)
     """More vLLM flags, passed verbatim after the derived ones; a flag the operator derives is refused here."""
     env: list[EnvVar] = Field(default_factory=list, max_length=128)

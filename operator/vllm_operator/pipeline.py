@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import pydantic
 import yaml
 
-from . import api, catalog, planner
+from . import api, catalog, chattemplate, planner
 from .urlpolicy import URLPolicy
 
 
@@ -211,6 +211,10 @@ def plan_server(
                         urls=urls)
     if model is not None:
         plan.notes.extend(model.notes)
+    if spec.engine.chat_template:
+        why = chattemplate.problem(spec.engine.chat_template)  # in a child process, limited (chattemplate.py)
+        if why:
+            plan.problems.append(planner.Problem("spec.engine.chatTemplate", why))
     if model is not None and base is not None and spec.model.quantization == "none":
         plan.notes.append(f"{spec.model.name} looks like a quantized checkpoint of {base}, but model.quantization is "
                           "none: its weights were sized as 16-bit; set model.quantization (e.g. awq_marlin) to size "

@@ -127,6 +127,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--dtype": "spec.model.dtype",
     "--revision": "spec.model.revision",
     "--download-dir": "spec.cache (HF_HOME)",
+    "--chat-template": "spec.engine.chatTemplate (checked before it is applied)",
     "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
     "--max-num-queued-reqs": "spec.engine.maxNumQueuedReqs (checked against the autoscaler's target)",
 }
@@ -945,5 +946,8 @@ def engine_args(p: Plan) -> list[str]:
         args += ["--quantization", spec.model.quantization]
     for d in p.decisions:
         args += [d.flag, d.value] if d.value else [d.flag]
+    if spec.engine.chat_template:
+        # vLLM reads a value that is no file's path and holds Jinja syntax as the template itself.
+        args += ["--chat-template", spec.engine.chat_template]
     args += list(spec.engine.extra_args)
     return args
