@@ -205,3 +205,57 @@ def test_console_script_bad_input():
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "spec.modle: unknown field (did you mean 'model'?)" in proc.stderr
+
+
+def test_plan_takes_several_files_and_directories(capsys, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "nested").mkdir()
+    shutil.copy(ROOT / "tests" / "data" / "bad" / "typo-spec-modle.yaml", bad / "nested" / "a.yml")
+    shutil.copy(ROOT / "tests" / "data" / "bad" / "missing-model-name.yaml", bad / "b.yaml")
+    (bad / "README.txt").write_text("not a manifest")
+    code, out, err = run(capsys, "plan", str(ROOT / "examples"), str(EXAMPLES[0]), str(bad))
+    assert code == 1
+    assert out.count("args: vllm serve") == len(EXAMPLES) + 1  # the directory's examples, then the file again
+    lines = err.splitlines()
+    assert lines == [f"{bad / 'b.yaml'}: nameless: spec.model.name: required field is missing",
+                     f"{bad / 'nested' / 'a.yml'}: typo: spec.modle: unknown field (did you mean 'model'?)"]
+    code, out, err = run(capsys, "render", str(ROOT / "examples"))
+    assert code == 0 and err == "" and len([d for d in yaml.safe_load_all(out) if d]) > len(EXAMPLES)
+
+
+def test_each_problem_is_one_line_once(capsys, tmp_path):
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["workloadProfile"]["maxContextTokens"] = 10_000_000  # beyond the model and the GPU
+    doc["spec"]["engine"] = {"extraArgs": ["--max-model-len", "5"]}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, err = run(capsys, "plan", str(path))
+    lines = err.splitlines()
+    assert code == 1 and len(lines) >= 2 and len(set(lines)) == len(lines)
+    assert all(line.startswith(f"{path}: llama-8b: spec.") for line in lines), lines
+    assert "ERROR" not in out and f"{len(lines)} problems: see the error output" in out
+
+
+def test_catalog_lists_models_and_gpus(capsys):
+    from vllm_operator import catalog
+
+    code, out, _ = run(capsys, "catalog")
+    assert code == 0
+    for name in catalog.known_models():
+        assert f"\n{name} " in out
+    assert "NVIDIA-L4 " in out and "L4" in out.split("NVIDIA-L4 ", 1)[1].splitlines()[0]
+    code, out, _ = run(capsys, "catalog", "gpus", "-o", "json")
+    gpus = json.loads(out)["gpus"]
+    assert code == 0 and len(gpus) == len(catalog.known_gpus()) and "models" not in json.loads(out)
+    l4 = next(g for g in gpus if g["product"] == "NVIDIA-L4")
+    assert l4["computeCapability"] == "8.9" and l4["fp8"] and l4["source"]
+
+
+def test_version(capsys):
+    from vllm_operator import __version__, vllm_flags
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and out.startswith(f"vllm-operator {__version__} ") and vllm_flags.VERSION in out

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Optional, TextIO
 
 import yaml
 
-from . import api, builders, crd, pipeline
+from . import api, builders, catalog, crd, pipeline
 from .planner import GiB, Plan
 
 BAR_WIDTH = 60
@@ -80,8 +82,8 @@ def render_table(plan: Plan, out: TextIO) -> None:
           f"{plan.max_concurrency:.2f} concurrent requests of {plan.max_model_len:,} tokens\n")
     for note in plan.notes:
         w(f"  note: {note}\n")
-    for problem in plan.problems:
-        w(f"  ERROR {problem}\n")
+    if plan.problems:  # each problem is one line on stderr (file: server: field: message), not repeated here
+        w(f"  {len(plan.problems)} problem{'s' if len(plan.problems) > 1 else ''}: see the error output\n")
     if plan.args:
         w("  args: vllm serve " + " ".join(plan.args) + "\n")
     w("\n")
@@ -102,27 +104,48 @@ def plan_json(plan: Plan) -> dict:
     }
 
 
-def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[Plan], bool]:
-    """Load and plan every document; print document errors. Returns (plans, all_ok)."""
+def input_files(paths: list[str]) -> list[str]:
+    """The files to read: each path as given ('-' is stdin), a directory as its *.yaml and *.yml files, sorted."""
+    files: list[str] = []
+    for path in paths:
+        if path != "-" and os.path.isdir(path):
+            found = sorted(str(p) for p in Path(path).rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+            files += found or [path]  # an empty directory is reported as having no documents
+        else:
+            files.append(path)
+    return files
+
+
+def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[tuple[str, Plan]], bool]:
+    """Load and plan every document of every file; print document errors. Returns ([(file, plan)], all_ok)."""
+    ok, plans = True, []
+    for path in input_files(args.file):
+        found, fine = _plans_of(path, args, err)
+        plans += [(path, p) for p in found]
+        ok = ok and fine
+    return plans, ok
+
+
+def _plans_of(path: str, args: argparse.Namespace, err: TextIO) -> tuple[list[Plan], bool]:
     try:
-        text = _read(args.file)
+        text = _read(path) if not os.path.isdir(path) else ""
     except OSError as exc:
-        err.write(f"{args.file}: {exc.strerror or exc}\n")
+        err.write(f"{path}: {exc.strerror or exc}\n")
         return [], False
     except UnicodeDecodeError as exc:
-        err.write(f"{args.file}: not a UTF-8 text file (byte {exc.start}); expected YAML\n")
+        err.write(f"{path}: not a UTF-8 text file (byte {exc.start}); expected YAML\n")
         return [], False
     ok = True
     plans = []
     docs = pipeline.load_documents(text)
     if not docs:
-        err.write(f"{args.file}: no VLLMServer documents\n")
+        err.write(f"{path}: no VLLMServer documents\n")
         return [], False
     for doc in docs:
         if doc.errors:
             ok = False
-            for line in doc.errors:
-                err.write(f"{args.file}: {doc.name + ': ' if doc.name else ''}{line}\n")
+            for line in dict.fromkeys(doc.errors):
+                err.write(f"{path}: {doc.name + ': ' if doc.name else ''}{line}\n")
             continue
         s = doc.server
         plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=args.hf_endpoint,
@@ -132,30 +155,70 @@ def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[Plan], bool]:
     return plans, ok
 
 
+def _problems(path: str, plan: Plan, err: TextIO) -> None:
+    for problem in dict.fromkeys(str(p) for p in plan.problems):  # one line per problem
+        err.write(f"{path}: {plan.name}: {problem}\n")
+
+
 def cmd_plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plans, ok = _plans(args, err)
     if args.output == "json":
-        out.write(json.dumps([plan_json(p) for p in plans], indent=2) + "\n")
+        out.write(json.dumps([plan_json(p) for _, p in plans], indent=2) + "\n")
     else:
-        for p in plans:
+        for _, p in plans:
             render_table(p, out)
-    for p in plans:
-        for problem in p.problems:
-            err.write(f"{args.file}: {p.name}: {problem}\n")
+    for path, p in plans:
+        _problems(path, p, err)
     return 0 if ok else 1
 
 
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plans, ok = _plans(args, err)
     objects = []
-    for p in plans:
+    for path, p in plans:
         if p.fits:
             objects += builders.build_all(p)
         else:
-            for problem in p.problems:
-                err.write(f"{args.file}: {p.name}: {problem}\n")
+            _problems(path, p, err)
     out.write(yaml.safe_dump_all(objects, sort_keys=False, width=120))
     return 0 if ok else 1
+
+
+def cmd_catalog(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The built-in models and GPUs, with the facts the planner uses and where each comes from."""
+    models = []
+    for name in catalog.known_models():
+        a = catalog.lookup_model(name)
+        assert a is not None
+        models.append({"name": name, "parameters": a.parameter_count, "layers": a.num_layers,
+                       "context": a.max_position_embeddings})
+    gpus = [{"product": g.product, "memoryGiB": round(g.memory_bytes / GiB, 2), "computeCapability":
+             g.compute_capability, "fp8": g.supports_fp8, "aliases": list(g.aliases), "source": g.source}
+            for g in catalog.known_gpus()]
+    what = args.what
+    if args.output == "json":
+        out.write(json.dumps({k: v for k, v in (("models", models), ("gpus", gpus)) if what in (k, "all")},
+                             indent=2) + "\n")
+        return 0
+    if what in ("models", "all"):
+        out.write(f"{'MODEL':<48} {'PARAMS':>8} {'LAYERS':>6} {'CONTEXT':>8}\n")
+        for m in models:
+            params = f"{m['parameters'] / 1e9:.1f}B" if m["parameters"] else "?"
+            out.write(f"{m['name']:<48} {params:>8} {m['layers']:>6} {m['context']:>8}\n")
+    if what == "all":
+        out.write("\n")
+    if what in ("gpus", "all"):
+        out.write(f"{'GPU':<34} {'MEMORY':>10} {'CC':>4} {'FP8':>4}  ALIASES\n")
+        for g in gpus:
+            out.write(f"{g['product']:<34} {g['memoryGiB']:>6.2f} GiB {g['computeCapability']:>4} "
+                      f"{'yes' if g['fp8'] else 'no':>4}  {', '.join(g['aliases'])}\n")
+    return 0
+
+
+def version_text() -> str:
+    from . import __version__, vllm_flags
+    return (f"vllm-operator {__version__} (API {api.API_VERSION}, vLLM flags checked against vLLM "
+            f"{vllm_flags.VERSION}, Kubernetes >= {'.'.join(map(str, api.MIN_KUBERNETES_VERSION))})")
 
 
 def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -175,21 +238,27 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-operator", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="show the derived vLLM flags, memory and capacity of VLLMServer files")
-    p.add_argument("file", help="YAML file with one or more VLLMServer documents ('-' for stdin)")
+    p.add_argument("file", nargs="+", help="YAML files or directories of VLLMServer documents ('-' for stdin)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
     p.set_defaults(func=cmd_plan)
 
     r = sub.add_parser("render", help="print every Kubernetes object the operator would apply, as YAML")
-    r.add_argument("file", help="YAML file with one or more VLLMServer documents ('-' for stdin)")
+    r.add_argument("file", nargs="+", help="YAML files or directories of VLLMServer documents ('-' for stdin)")
     r.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
     r.set_defaults(func=cmd_render)
 
     c = sub.add_parser("crd", help="print the VLLMServer CustomResourceDefinition")
     c.set_defaults(func=cmd_crd)
+
+    k = sub.add_parser("catalog", help="list the built-in models and GPUs the planner knows")
+    k.add_argument("what", nargs="?", choices=["models", "gpus", "all"], default="all")
+    k.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    k.set_defaults(func=cmd_catalog)
 
     run = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster config")
     run.add_argument("--namespace", "-n", action="append", default=[],
