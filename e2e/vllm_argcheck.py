@@ -182,6 +182,29 @@ def _describe_flags(serve_parser) -> dict:
     return flags
 
 
+def _quantization_min_capability(me_quant) -> dict[str, int]:
+    out = {}
+    for method in me_quant.QUANTIZATION_METHODS:
+        try:
+            out[method] = int(me_quant.get_quantization_config(method).get_min_capability())
+        except Exception:  # noqa: BLE001 - a method whose config cannot load here has no gate we can read
+            continue
+    return out
+
+
+def _bfloat16_min_capability() -> int:
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    source = (Path(list(spec.submodule_search_locations)[0]) / "platforms" / "cuda.py").read_text()
+    found = re.search(r"def check_if_supports_dtype.*?torch\.bfloat16.*?has_device_capability\((\d+)\)", source, re.S)
+    if found is None:
+        raise SystemExit("vllm/platforms/cuda.py: check_if_supports_dtype no longer reads as expected")
+    return int(found.group(1))
+
+
 def main() -> int:
     # Everything that writes to fd 1 (vLLM's loggers, prints) goes to stderr instead;
     # the JSON answer goes to the saved real stdout.
@@ -201,6 +224,11 @@ def main() -> int:
             # --quantization has no argparse choices; these are what ModelConfig accepts.
             "quantization_methods": list(me_quant.QUANTIZATION_METHODS),
             "deprecated_quantization_methods": list(me_quant.DEPRECATED_QUANTIZATION_METHODS),
+            # The compute capability (x10) each method's own config asks for (QuantizationConfig.get_min_capability),
+            # and the one CudaPlatform.check_if_supports_dtype asks of bfloat16 (read from its source: the CUDA
+            # platform cannot be imported by the CPU build).
+            "quantization_min_capability": _quantization_min_capability(me_quant),
+            "bfloat16_min_capability": _bfloat16_min_capability(),
         }
     else:
         argvs = json.load(sys.stdin)

@@ -798,3 +798,36 @@ def test_the_vllm_image_may_be_pinned_by_digest():
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == api.DEFAULT_IMAGE + digest
     other = plan_for(image="registry.corp/vllm@sha256:" + "cd" * 32)
     assert [n for n in other.notes if n.startswith("image registry.corp/vllm@sha256:") and "vLLM 0." in n]
+
+
+@pytest.mark.parametrize("model, gpu, field, words", [
+    ({"name": "Qwen/Qwen2.5-1.5B-Instruct", "dtype": "bfloat16"}, "T4", "spec.model.dtype",
+     "bfloat16 needs compute capability 8.0 in vLLM 0.32.0; Tesla-T4 has 7.5: use float16"),
+    ({"name": "Qwen/Qwen2.5-7B-Instruct", "quantization": "awq"}, "V100-SXM2-32GB", "spec.model.quantization",
+     "awq needs compute capability 7.5 in vLLM 0.32.0; Tesla-V100-SXM2-32GB has 7.0: a checkpoint quantized with "
+     "compressed-tensors, gptq, gptq_marlin runs there"),
+    ({"name": "Qwen/Qwen2.5-7B-Instruct", "quantization": "fp8"}, "V100-SXM2-32GB", "spec.model.quantization",
+     "fp8 needs compute capability 7.5"),
+])
+def test_what_the_gpu_cannot_run_is_refused_as_vllm_refuses_it(model, gpu, field, words):
+    p = plan_for(model, gpu={"count": 1, "product": gpu})
+    [problem] = [q for q in p.problems if q.field == field]
+    assert problem.message.startswith(words), problem.message
+
+
+@pytest.mark.parametrize("model, gpu", [
+    ({"name": "Qwen/Qwen2.5-1.5B-Instruct", "dtype": "auto"}, "T4"),       # vLLM casts to float16 there
+    ({"name": "Qwen/Qwen2.5-1.5B-Instruct", "dtype": "float16"}, "T4"),
+    ({"name": "Qwen/Qwen2.5-7B-Instruct", "quantization": "fp8"}, "T4"),    # 7.5: Marlin in 0.32
+    ({"name": "Qwen/Qwen2.5-7B-Instruct", "quantization": "gptq"}, "V100-SXM2-32GB"),
+    ({"name": "Qwen/Qwen2.5-7B-Instruct", "quantization": "awq"}, "A100-SXM4-40GB"),
+])
+def test_what_the_gpu_can_run_is_not_refused(model, gpu):
+    p = plan_for(model, gpu={"count": 1, "product": gpu})
+    assert not [q for q in p.problems if q.field in ("spec.model.dtype", "spec.model.quantization")], p.problems
+
+
+def test_an_unknown_gpu_is_not_checked_against_capabilities():
+    p = plan_for({"name": "Qwen/Qwen2.5-1.5B-Instruct", "dtype": "bfloat16"},
+                 gpu={"count": 1, "product": "NVIDIA-Future-GPU", "memory": "48Gi"})
+    assert not [q for q in p.problems if q.field == "spec.model.dtype"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -25,6 +26,9 @@ from .autoscaler.policy import TOLERANCE
 from .catalog import ResolvedModel
 from .gpus import GPUSelection, select_gpu
 from .urlpolicy import URLPolicy
+
+#: The values spec.model.quantization may take.
+QUANTIZATION_CHOICES = typing.get_args(api.Quantization)
 
 GiB = 2**30
 MiB = 2**20
@@ -411,6 +415,37 @@ def flag_like_values(spec: VLLMServerSpec) -> list[Problem]:
             for where, value, what in values if value and value.startswith("-")]
 
 
+def _capability(gpu: Any) -> int:
+    major, _, minor = str(gpu.compute_capability).partition(".")
+    return int(major) * 10 + int(minor or 0)
+
+
+def hardware_problems(spec: VLLMServerSpec, gpu: GPUSelection) -> list[Problem]:
+    """What the GPU's compute capability rules out, as vLLM gates it (vllm_flags.json, read from the release's
+    own code: each quantization method's get_min_capability, CudaPlatform.check_if_supports_dtype). Checked
+    against the oldest product the pods may land on; an unknown product (gpu.memory given) is not checked."""
+    if not gpu.products:
+        return []
+    oldest = min(gpu.products, key=_capability)
+    have, name = _capability(oldest), oldest.product
+    out = []
+    bf16 = vllm_flags.bfloat16_min_capability()
+    if spec.model.dtype == "bfloat16" and have < bf16:
+        out.append(Problem("spec.model.dtype", f"bfloat16 needs compute capability {bf16 / 10:.1f} in vLLM "
+                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: use float16, or auto (vLLM then "
+                           "runs a bfloat16 checkpoint as float16)"))
+    method = spec.model.quantization
+    need = vllm_flags.quantization_min_capability(method) if method != "none" else None
+    if need is not None and have < need:
+        usable = sorted(m for m in QUANTIZATION_CHOICES if m != "none" and m not in UNSUPPORTED_QUANTIZATION
+                        and (vllm_flags.quantization_min_capability(m) or 1000) <= have)
+        out.append(Problem("spec.model.quantization", f"{method} needs compute capability {need / 10:.1f} in vLLM "
+                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: "
+                           + (f"a checkpoint quantized with {', '.join(usable)} runs there" if usable
+                              else "no quantization method of vLLM runs there")))
+    return out
+
+
 def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None,
                allow_unsafe_args: bool = False, urls: Optional[URLPolicy] = None) -> list[Problem]:
     """Semantic checks the CRD schema cannot express. Pure. `urls`: the operator's URL settings (urlpolicy.py;
@@ -644,6 +679,7 @@ def plan(
     p.gpu = gpu if gpu is not None else select_gpu(spec.gpu)
     p.problems.extend(Problem(where, message) for where, message in p.gpu.problems)
     p.notes.extend(p.gpu.notes)
+    p.problems.extend(hardware_problems(spec, p.gpu))
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, p.gpu)
     if model is None:
         p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}")

@@ -37,6 +37,16 @@ def snapshot() -> dict:
     return json.loads(resources.files(__package__).joinpath("vllm_flags.json").read_text())
 
 
+def quantization_min_capability(method: str) -> Optional[int]:
+    """The compute capability x10 vLLM asks of a GPU for a --quantization method (None: not recorded)."""
+    return snapshot().get("quantization_min_capability", {}).get(method)
+
+
+def bfloat16_min_capability() -> int:
+    """The compute capability x10 vLLM asks of a GPU for --dtype bfloat16 (CudaPlatform.check_if_supports_dtype)."""
+    return int(snapshot().get("bfloat16_min_capability", 80))
+
+
 @cache
 def flags() -> dict[str, FlagInfo]:
     out = {}
@@ -66,4 +76,8 @@ def snapshot_from_parser(description: dict) -> dict:
             entry["choices"] = sorted(info["choices"])
         for flag in info["option_strings"]:
             out[flag] = entry
-    return {"version": description["vllm_version"], "flags": dict(sorted(out.items()))}
+    snap = {"version": description["vllm_version"], "flags": dict(sorted(out.items()))}
+    for key in ("quantization_min_capability", "bfloat16_min_capability"):
+        if key in description:
+            snap[key] = description[key]
+    return snap
