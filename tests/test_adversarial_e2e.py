@@ -236,10 +236,17 @@ def get(world: dict[str, Any], ns: str, name: str) -> dict[str, Any]:
 
 def wait_condition(world: dict[str, Any], name: str, type_: str, status: str, contains: str,
                    timeout: float = 120) -> dict[str, Any]:
+    seen: list[Any] = [None]
+
     def probe() -> Optional[dict[str, Any]]:
-        c = condition(get(world, world["attacker"], name), type_)
+        body = get(world, world["attacker"], name)
+        seen[0] = (body.get("status") or {}).get("conditions")
+        c = condition(body, type_)
         return c if c.get("status") == status and contains in c.get("message", "") else None
-    return wait_for(probe, timeout, f"{name}: {type_}={status} with {contains!r}")
+    try:
+        return wait_for(probe, timeout, f"{name}: {type_}={status} with {contains!r}")
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; its conditions: {json.dumps(seen[0])[:3000]}") from None
 
 
 # --------------------------------------------------------------------------- 1. the attacks

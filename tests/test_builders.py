@@ -559,12 +559,19 @@ def test_render_is_what_the_builders_build(path: Path):
 
 
 def test_a_hub_model_downloads_in_an_init_container_and_a_path_or_engine_download_does_not():
-    plan = plan_spec(model={"name": "meta-llama/Llama-3.2-3B-Instruct", "revision": "v2"})
+    plan = plan_spec(model={"name": "meta-llama/Llama-3.2-3B-Instruct", "revision": "v2"},
+                     hfTokenSecretRef={"name": "hf", "key": "token"},
+                     engine={"env": [{"name": "HF_HUB_ENABLE_HF_TRANSFER", "value": "1"},
+                                     {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+                                     {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]})
     pod = builders.pod_template(plan)["spec"]
     [init] = pod["initContainers"]
     main = pod["containers"][0]
     assert init["command"][3:] == ["meta-llama/Llama-3.2-3B-Instruct", "v2"] and init["image"] == main["image"]
-    assert init["env"] == main["env"], "the same HF_HOME and HF_TOKEN as vLLM"
+    # the Hub's variables, the token and the proxy as vLLM has them; not the engine's own (engine.env may be large)
+    assert [e["name"] for e in init["env"]] == ["HOME", "HF_HOME", "HF_TOKEN", "HF_HUB_ENABLE_HF_TRANSFER",
+                                                "HTTPS_PROXY"]
+    assert [e for e in main["env"] if e["name"] != "VLLM_LOGGING_LEVEL"] == init["env"]
     assert {m["name"] for m in init["volumeMounts"]} == {"cache", "home"}
     assert "nvidia.com/gpu" not in str(init["resources"]) and init["securityContext"] == main["securityContext"]
     assert [n for n in plan.notes if n.startswith("the weights download in the init container")]
@@ -598,3 +605,12 @@ def test_a_shared_cache_is_one_read_write_many_claim_every_replica_mounts():
         {"model": {"name": "meta-llama/Llama-3.2-3B-Instruct"}, "gpu": {"count": 1, "product": "NVIDIA-L4"},
          "workload": "DaemonSet", "cache": {"size": "200Gi"}}))
     assert [p.field for p in bad.problems] == ["spec.cache.size"] and "cache.shared" in bad.problems[0].message
+
+
+def test_an_object_the_api_server_could_not_store_is_a_problem_naming_what_makes_it_large():
+    letters = "abcdefghijklmnopqrstuvwxyz" * 630
+    fits = plan_spec(engine={"env": [{"name": f"L_{i}", "value": letters} for i in range(64)]})  # 1 MB: stored
+    assert builders.oversized(builders.build_all(fits, OWNER)) == []
+    big = plan_spec(engine={"env": [{"name": f"L_{i}", "value": letters} for i in range(90)]})
+    [line] = builders.oversized(builders.build_all(big, OWNER))
+    assert line.startswith("spec: the StatefulSet srv would be 1,4") and "spec.engine.env" in line

@@ -7,6 +7,7 @@ sent as a server-side apply patch), with the shared labels and owner reference.
 from __future__ import annotations
 
 import copy
+import json
 import math
 from typing import Any, Optional
 
@@ -131,6 +132,17 @@ DOWNLOAD_SCRIPT = (
     "print('downloaded', sys.argv[1], 'to', path)\n"
 )
 DOWNLOAD_CONTAINER = "download"
+#: The variables of the vLLM container the download also gets: the Hub's own (HF_HOME, HF_TOKEN, HF_ENDPOINT,
+#: HF_HUB_*), the proxies and CA bundles a download goes through, HOME. Nothing else: engine.env may be large.
+_DOWNLOAD_ENV_PREFIXES = ("HF_", "HUGGING_FACE_")
+_DOWNLOAD_ENV_NAMES = frozenset({"HOME", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+                                 "no_proxy", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR",
+                                 "CURL_CA_BUNDLE"})
+
+
+def download_env(plan: Plan) -> list[dict[str, Any]]:
+    return [e for e in container_env(plan)
+            if e["name"] in _DOWNLOAD_ENV_NAMES or e["name"].startswith(_DOWNLOAD_ENV_PREFIXES)]
 
 
 def download_container(plan: Plan, mounts: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -142,7 +154,7 @@ def download_container(plan: Plan, mounts: list[dict[str, Any]]) -> Optional[dic
         "name": DOWNLOAD_CONTAINER,
         "image": spec.image,
         "command": ["python3", "-c", DOWNLOAD_SCRIPT, spec.model.name, spec.model.revision or ""],
-        "env": container_env(plan),
+        "env": download_env(plan),
         # A download needs no GPU; a few hundred MiB for the client and its buffers.
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "4Gi"}},
         "volumeMounts": [m for m in mounts if m["name"] in ("cache", "home")],
@@ -470,6 +482,24 @@ def build_scaled_object(plan: Plan, owner: Optional[dict] = None) -> dict[str, A
             }}],
         },
     }
+
+
+#: The largest object the operator applies, as JSON. etcd stores at most 1.5 MiB per object and the API server
+#: refuses a request above 2 MiB with a gRPC error (a 500 it would be retried on forever); a pod template copies
+#: engine.env and extraArgs, so a spec within the CRD's bounds can still build a workload past them.
+MAX_OBJECT_BYTES = 1_400_000
+
+
+def oversized(objects: list[dict[str, Any]]) -> list[str]:
+    """A problem for each object too large for the API server to store, naming what makes it large."""
+    out = []
+    for obj in objects:
+        size = len(json.dumps(obj, separators=(",", ":")))
+        if size > MAX_OBJECT_BYTES:
+            out.append(f"spec: the {obj['kind']} {obj['metadata']['name']} would be {size:,} bytes, more than the "
+                       f"{MAX_OBJECT_BYTES:,} the operator applies (etcd keeps at most 1.5 MiB per object): "
+                       "shorten spec.engine.env, spec.engine.extraArgs or spec.engine.chatTemplate")
+    return out
 
 
 def build_all(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:

@@ -176,10 +176,15 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plans, ok = _plans(args, err)
     objects = []
     for path, p in plans:
-        if p.fits:
-            objects += builders.build_all(p)
-        else:
-            _problems(path, p, err)
+        built = builders.build_all(p) if p.fits else []
+        too_large = builders.oversized(built)
+        if p.fits and not too_large:
+            objects += built
+            continue
+        _problems(path, p, err)
+        for line in too_large:
+            err.write(f"{path}: {p.name}: {line}\n")
+        ok = False
     out.write(yaml.safe_dump_all(objects, sort_keys=False, width=120))
     return 0 if ok else 1
 

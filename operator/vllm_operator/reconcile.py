@@ -273,6 +273,9 @@ class Reconciler:
             forbidden = self._pod_security(namespace, desired)
             if forbidden:
                 errors, reason = [forbidden], "PodSecurityForbidden"
+            too_large = builders.oversized(desired)
+            if too_large:
+                errors = too_large
 
         old_valid = condition(status, "SpecValid")
         if errors:
