@@ -181,7 +181,7 @@ def test_printer_columns_and_kubectl_scale(control_plane, operator, kube, namesp
     wait_status(kube, namespace, "cols", lambda s: s.get("status", {}).get("plan"), "plan in status")
     out = control_plane.kubectl("get", "vllms", "-n", namespace).stdout
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "MODEL", "WORKLOAD", "DESIRED", "READY-REPLICAS", "MAX-CONTEXT", "READY", "AGE"]
+    assert header == ["NAME", "MODEL", "WORKLOAD", "DESIRED", "READY-REPLICAS", "MAX-CONTEXT", "READY", "REASON", "AGE"]
     row = out.splitlines()[1].split()
     assert row[:3] == ["cols", "meta-llama/Llama-3.1-8B-Instruct", "StatefulSet"] and row[5] == "16384"
     control_plane.kubectl("scale", "vllms", "cols", "-n", namespace, "--replicas", "3")

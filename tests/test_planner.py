@@ -831,3 +831,10 @@ def test_an_unknown_gpu_is_not_checked_against_capabilities():
     p = plan_for({"name": "Qwen/Qwen2.5-1.5B-Instruct", "dtype": "bfloat16"},
                  gpu={"count": 1, "product": "NVIDIA-Future-GPU", "memory": "48Gi"})
     assert not [q for q in p.problems if q.field == "spec.model.dtype"]
+
+
+def test_max_below_min_replicas_is_refused_whether_autoscaling_is_on_or_not():
+    # as the CRD's rule does (found by tests/test_fuzz.py: the API server refused what the planner passed)
+    for enabled in (True, False):
+        p = plan_for(autoscaling={"enabled": enabled, "minReplicas": 4, "maxReplicas": 1})
+        assert messages(p, "spec.autoscaling.maxReplicas") == ["1 is below minReplicas 4"], enabled

@@ -460,14 +460,14 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         add("metadata.name", f"{len(name)} characters is too long: at most {MAX_NAME_LENGTH}, because pod labels derived "
             "from it are limited to 63 characters")
     a = spec.autoscaling
+    if a.max_replicas is not None and a.max_replicas < a.min_replicas:  # as the CRD's rule: enabled or not
+        add("spec.autoscaling.maxReplicas", f"{a.max_replicas} is below minReplicas {a.min_replicas}")
     if a.enabled:
         if spec.workload == "DaemonSet":
             add("spec.autoscaling.enabled", "autoscaling needs workload: StatefulSet; a DaemonSet runs one server per "
                 "matching node, so its size follows the nodes (set autoscaling.enabled: false or workload: StatefulSet)")
         if a.max_replicas is None:
             add("spec.autoscaling.maxReplicas", "required when autoscaling is enabled")
-        elif a.max_replicas < a.min_replicas:
-            add("spec.autoscaling.maxReplicas", f"{a.max_replicas} is below minReplicas {a.min_replicas}")
         if a.source == "Prometheus" and a.mode == "Operator" and not (a.prometheus_url or default_prometheus_url):
             add("spec.autoscaling.prometheusURL", "source: Prometheus needs prometheusURL (or the operator's "
                 "--prometheus-url default)")
