@@ -20,7 +20,8 @@ finish_reason, the usage) and ends as one of:
   with ``data: [DONE]`` and no finish_reason: a client that only waits for ``[DONE]`` would miss it);
 * ``cancelled``: stopped by ``stop()`` (the test's own end, never a scale-down's doing).
 
-Bounded like ``loadgen.LoadGenerator``: a request count and a time limit, loopback addresses only.
+Bounded like ``loadgen.LoadGenerator``: a request count and a time limit, and only to addresses of this
+host (loopback, or pod addresses on the loopback interface of an ``e2e.netns`` namespace).
 """
 
 from __future__ import annotations
@@ -36,9 +37,15 @@ from typing import Callable, Optional
 import aiohttp
 from kubernetes import client
 
-from e2e.loadgen import check_loopback
+from e2e.netns import is_local
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def check_local(url: str) -> None:
+    host = urllib.parse.urlparse(url).hostname or ""
+    if not is_local(host):
+        raise ValueError(f"load only goes to addresses of this host, not {url}")
 
 
 @dataclass(frozen=True)
@@ -217,7 +224,8 @@ class LoadSummary:
     by_host: dict = field(default_factory=dict)
     lost_requests: list = field(default_factory=list)
     tokens_per_second: Optional[float] = None
-    """Median decode speed of the completed streams (tokens after the first / seconds)."""
+    """Median decode speed of the streams (tokens after the first / seconds, lost ones until cut); per host in
+    by_host."""
 
 
 class StreamingLoad:
@@ -291,7 +299,7 @@ class StreamingLoad:
 
     def summary(self) -> LoadSummary:
         s = LoadSummary()
-        speeds = []
+        speeds: dict[Optional[str], list[float]] = {}
         for r in self.snapshot():
             s.sent += 1
             h = s.by_host.setdefault(r.host, {"sent": 0, COMPLETED: 0, LOST: 0, CANCELLED: 0, "in_flight": 0})
@@ -304,10 +312,17 @@ class StreamingLoad:
             setattr(s, r.outcome, getattr(s, r.outcome) + 1)
             if r.outcome == LOST:
                 s.lost_requests.append(r.brief())
-            elif r.outcome == COMPLETED and r.first_token_at is not None and r.ended > r.first_token_at:
-                speeds.append((r.tokens - 1) / (r.ended - r.first_token_at))
-        if speeds:
-            s.tokens_per_second = round(sorted(speeds)[len(speeds) // 2], 1)
+            if r.first_token_at is not None and r.ended > r.first_token_at and r.tokens > 1:
+                speeds.setdefault(r.host, []).append((r.tokens - 1) / (r.ended - r.first_token_at))
+
+        def median(xs: list[float]) -> float:
+            return round(sorted(xs)[len(xs) // 2], 1)
+
+        for host, xs in speeds.items():
+            s.by_host[host]["tokens_per_second"] = median(xs)
+        every = [x for xs in speeds.values() for x in xs]
+        if every:
+            s.tokens_per_second = median(every)
         return s
 
     # ---- the loop
@@ -345,7 +360,7 @@ class StreamingLoad:
         body = {"model": self.model, "prompt": self.prompt, "max_tokens": self.max_tokens, "ignore_eos": True,
                 "temperature": 0, "stream": True, "logprobs": 0, "stream_options": {"include_usage": True}}
         try:
-            check_loopback(url)
+            check_local(url)
             async with session.post(url.rstrip("/") + "/v1/completions", json=body) as resp:
                 r.status = resp.status
                 if resp.status != 200:

@@ -126,3 +126,9 @@ def test_stop_cancels_what_is_in_flight_apart_from_the_lost(servers):
     s = load.summary()
     assert (s.sent, s.cancelled, s.lost, s.completed) == (2, 2, 0, 0), s
     assert all(r.outcome == CANCELLED for r in load.records)
+
+
+def test_load_goes_to_addresses_of_this_host_only():
+    load = _run(lambda: "http://198.51.100.7:8000", 1)  # TEST-NET-2: no interface of this host has it
+    [r] = load.records
+    assert r.outcome == LOST and "only goes to addresses of this host" in r.why, r
