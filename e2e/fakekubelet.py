@@ -10,9 +10,17 @@ polls pods every ``interval`` seconds and:
   pool, calls ``on_pod_start(pod, ip)`` (a test may start a real process on that
   IP; a bool return decides readiness), then patches the pod status to Running
   with the Ready condition;
-* finalises pods being deleted: calls ``on_pod_stop(pod, ip)`` and deletes them
-  with grace period 0 (there is no kubelet to finish a graceful deletion, so
-  StatefulSet scale-down would otherwise hang);
+* finalises pods being deleted. By default at once, as for a forced deletion: no preStop hook,
+  ``on_pod_stop(pod, ip)`` (the containers killed), then the pod deleted with grace period 0
+  (there is no kubelet to finish a graceful deletion, so StatefulSet scale-down would otherwise
+  hang). With ``graceful=True`` as a kubelet terminates a pod, in a thread per terminating pod
+  so the loop keeps serving the others: the containers' preStop hooks (only ``sleep N``, as an
+  exec command or the sleep action: the hook's own wait; nothing else is executed), then
+  ``on_pod_stop(pod, ip, grace)`` where ``grace`` is the deletion's grace period
+  (``deletionGracePeriodSeconds``, else ``terminationGracePeriodSeconds``) less the time the
+  hooks took, at least 2 s (the kubelet's minimum): the container runtime's stop, SIGTERM and
+  SIGKILL once ``grace`` is over; then the pod is deleted with grace period 0 (preconditions on
+  its uid). The pod keeps its IP until then. ``terminations`` records each one's timeline;
 * releases the IPs of pods that are gone;
 * reports a container failure the way a kubelet does when ``faults(pod)`` returns a ``Fault``
   for a new pod (an image it cannot pull, an OOM kill, a crash loop with its termination
@@ -27,9 +35,10 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import logging
+import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 from kubernetes import client
@@ -40,7 +49,42 @@ log = logging.getLogger(__name__)
 DEFAULT_GPU_PRODUCT = "NVIDIA-A100-SXM4-80GB"
 
 OnPodStart = Callable[[client.V1Pod, str], Optional[bool]]
-OnPodStop = Callable[[client.V1Pod, str], None]
+OnPodStop = Callable[..., None]
+"""``(pod, ip)``: the pod's containers are gone, kill what is left at once (a forced deletion, a pod that vanished,
+the kubelet's own stop). A graceful termination calls ``(pod, ip, grace_seconds)``: stop the containers as a
+container runtime does, SIGTERM, then SIGKILL once ``grace_seconds`` are over (0 when the kubelet is stopping)."""
+
+#: The kubelet's minimumGracePeriodInSeconds: what is left for SIGTERM -> SIGKILL after the preStop hooks.
+MIN_GRACE_SECONDS = 2
+DEFAULT_GRACE_SECONDS = 30
+
+
+@dataclass
+class Termination:
+    """One pod's termination as this kubelet ran it (``time.monotonic()`` instants)."""
+
+    namespace: str
+    name: str
+    uid: str
+    ip: Optional[str]
+    seen_at: float
+    """When the kubelet saw the deletionTimestamp."""
+    graceful: bool
+    grace_seconds: float = 0.0
+    """The deletion's grace period."""
+    prestop_seconds: float = 0.0
+    """What the preStop hooks asked to wait (``sleep N``)."""
+    stop_at: Optional[float] = None
+    """on_pod_stop called (the SIGTERM)."""
+    stop_grace: Optional[float] = None
+    """The grace on_pod_stop was given."""
+    stopped_at: Optional[float] = None
+    deleted_at: Optional[float] = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.deleted_at is not None
 
 
 @dataclass(frozen=True)
@@ -94,6 +138,7 @@ class FakeKubelet:
         interval: float = 0.3,
         delete_node_on_stop: bool = True,
         faults: Optional[Callable[[client.V1Pod], Optional[Fault]]] = None,
+        graceful: bool = False,
     ):
         self.core = client.CoreV1Api(api_client)
         self.namespace = namespace
@@ -106,6 +151,11 @@ class FakeKubelet:
         self.faults = faults
         self._faulted: set[str] = set()  # uids reported failing: left as reported
         self.auto_ready = auto_ready
+        #: Terminate pods as a kubelet does (preStop, SIGTERM, SIGKILL after the grace period); may be changed
+        #: between deletions.
+        self.graceful = graceful
+        self.terminations: dict[str, Termination] = {}  # uid -> its termination
+        self._terminating: dict[str, threading.Thread] = {}  # uid -> the thread terminating it
         self.interval = interval
         self.delete_node_on_stop = delete_node_on_stop
         self.node_labels = {
@@ -150,6 +200,9 @@ class FakeKubelet:
         self._stop.set()
         self._thread.join(timeout=30)
         self._thread = None
+        # Terminations in progress cut their preStop short and stop their containers with no grace.
+        for t in list(self._terminating.values()):
+            t.join(timeout=60)
         with self._lock:
             for st in list(self._pods.values()):
                 self._call_stop(st)
@@ -286,7 +339,7 @@ class FakeKubelet:
                 continue
             try:
                 if pod.metadata.deletion_timestamp is not None:
-                    self._finalise(pod)
+                    self._terminate(pod)
                 elif not node:
                     if self._schedulable(pod):
                         self._bind(pod)
@@ -302,7 +355,7 @@ class FakeKubelet:
                     continue
                 self._record(f"{pod.metadata.namespace}/{pod.metadata.name}: {e.status} {e.reason}: {e.body}")
         with self._lock:
-            for uid in [u for u in self._pods if u not in seen]:
+            for uid in [u for u in self._pods if u not in seen and u not in self._terminating]:
                 self._call_stop(self._pods.pop(uid))
             self._unschedulable_marked &= seen
 
@@ -466,12 +519,92 @@ class FakeKubelet:
             status["initContainerStatuses"] = [completed(c) for c in pod.spec.init_containers]
         self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
 
-    def _finalise(self, pod: client.V1Pod) -> None:
+    def _terminate(self, pod: client.V1Pod) -> None:
+        uid = pod.metadata.uid
         with self._lock:
-            st = self._pods.pop(pod.metadata.uid, None)
-        if st is not None:
+            if uid in self._terminating:
+                return  # its thread is at it
+            st = self._pods.get(uid)
+            rec = self.terminations.get(uid)
+            if rec is None:
+                rec = self.terminations[uid] = Termination(pod.metadata.namespace, pod.metadata.name, uid,
+                                                           st.ip if st else None, time.monotonic(), self.graceful)
+            if self.graceful and st is not None:
+                thread = threading.Thread(target=self._terminate_gracefully, args=(pod, st, rec), daemon=True,
+                                          name=f"fakekubelet-terminate-{pod.metadata.name}")
+                self._terminating[uid] = thread
+                thread.start()
+                return
+        # At once: forced, or no container of ours runs (nothing to wait for).
+        self._finalise(pod)
+        rec.deleted_at = rec.deleted_at or time.monotonic()
+
+    def _grace(self, pod: client.V1Pod) -> float:
+        for g in (pod.metadata.deletion_grace_period_seconds, pod.spec.termination_grace_period_seconds):
+            if g is not None:
+                return float(g)
+        return float(DEFAULT_GRACE_SECONDS)
+
+    def _prestop_seconds(self, pod: client.V1Pod, rec: Termination) -> float:
+        """How long the containers' preStop hooks take: each runs in parallel with the others, so the longest.
+        Only a sleep is honoured (``sleep N`` as the exec command, or the sleep action); anything else would be a
+        command in a container this kubelet does not have, so it is recorded and not run."""
+        longest = 0.0
+        for c in pod.spec.containers or []:
+            pre = c.lifecycle.pre_stop if c.lifecycle is not None else None
+            if pre is None:
+                continue
+            if pre.sleep is not None:
+                longest = max(longest, float(pre.sleep.seconds))
+                continue
+            command = list(pre._exec.command or []) if pre._exec is not None else []
+            if len(command) == 2 and command[0] in ("sleep", "/bin/sleep"):
+                try:
+                    seconds = float(command[1])
+                    if math.isfinite(seconds) and seconds >= 0:
+                        longest = max(longest, seconds)
+                        continue
+                except ValueError:
+                    pass
+            rec.errors.append(f"container {c.name}: preStop {command or pre.to_dict()} not run (only sleep N)")
+            self._record(f"{pod.metadata.namespace}/{pod.metadata.name}: {rec.errors[-1]}")
+        return longest
+
+    def _terminate_gracefully(self, pod: client.V1Pod, st: _PodState, rec: Termination) -> None:
+        try:
+            grace = rec.grace_seconds = self._grace(pod)
+            started = time.monotonic()
+            rec.prestop_seconds = self._prestop_seconds(pod, rec)
+            if rec.prestop_seconds:
+                self._stop.wait(min(rec.prestop_seconds, grace))  # the hook's sleep, within the grace period
+            left = max(grace - (time.monotonic() - started), MIN_GRACE_SECONDS)
+            if self._stop.is_set():
+                left = 0.0
             st.pod = pod
-            self._call_stop(st)
+            rec.stop_at, rec.stop_grace = time.monotonic(), left
+            self._call_stop(st, left)
+            rec.stopped_at = time.monotonic()
+            try:
+                self._finalise(pod, stop=False)
+            except ApiException as e:
+                if e.status not in (404, 409):  # gone already (or replaced): nothing left to delete
+                    raise
+            rec.deleted_at = time.monotonic()
+        except Exception as e:  # noqa: BLE001 - a kubelet keeps going
+            rec.errors.append(repr(e))
+            self._record(f"terminating {rec.namespace}/{rec.name} failed: {e!r}")
+        finally:
+            with self._lock:
+                self._pods.pop(rec.uid, None)
+                self._terminating.pop(rec.uid, None)
+
+    def _finalise(self, pod: client.V1Pod, stop: bool = True) -> None:
+        if stop:
+            with self._lock:
+                st = self._pods.pop(pod.metadata.uid, None)
+            if st is not None:
+                st.pod = pod
+                self._call_stop(st)
         self.core.delete_namespaced_pod(
             pod.metadata.name,
             pod.metadata.namespace,
@@ -481,12 +614,16 @@ class FakeKubelet:
             ),
         )
 
-    def _call_stop(self, st: _PodState) -> None:
+    def _call_stop(self, st: _PodState, grace: Optional[float] = None) -> None:
+        """on_pod_stop, then the pod's IP is free again (a graceful stop keeps it until its containers are gone)."""
+        if self.on_pod_stop is not None:
+            try:
+                if grace is None:
+                    self.on_pod_stop(st.pod, st.ip)
+                else:
+                    self.on_pod_stop(st.pod, st.ip, grace)
+            except Exception as e:  # noqa: BLE001
+                self._record(f"on_pod_stop {st.namespace}/{st.name} raised {e!r}")
         with self._lock:
             self._ips_in_use.discard(st.ip)
             self._desired_ready.pop((st.namespace, st.name), None)
-        if self.on_pod_stop is not None:
-            try:
-                self.on_pod_stop(st.pod, st.ip)
-            except Exception as e:  # noqa: BLE001
-                self._record(f"on_pod_stop {st.namespace}/{st.name} raised {e!r}")

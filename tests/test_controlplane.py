@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from e2e.controlplane import ENV_KUBECONFIG, KUBE_VERSION, ControlPlane, wait_for
 from e2e.fakekubelet import FakeKubelet
+from e2e.servicelb import EndpointSliceRouter
 
 pytestmark = pytest.mark.apiserver
 
@@ -219,6 +221,73 @@ def test_set_ready_during_the_status_patch_is_not_lost(k8s, namespace):
 
         wait_for(ready, 30, "the pod Ready after set_ready() during the first patch")
         assert flipped == ["warm"] and kubelet.errors == []
+
+def _web_pod(name: str, prestop: list[str], grace: int) -> dict:
+    return {"metadata": {"name": name, "labels": {"app": "web"}},
+            "spec": {"terminationGracePeriodSeconds": grace,
+                     "containers": [{"name": "main", "image": "x.invalid/y:1",
+                                     "ports": [{"name": "http", "containerPort": 8000}],
+                                     "lifecycle": {"preStop": {"exec": {"command": prestop}}}}]}}
+
+
+def test_graceful_termination_leaves_the_endpoints_then_stops_with_the_grace_left(k8s, namespace):
+    """graceful=True: a deleted pod's preStop sleep runs first, while the endpointslice controller takes its
+    endpoint out of the Service (what EndpointSliceRouter routes by), then on_pod_stop gets the grace period
+    less the sleep, then the pod is deleted; meanwhile the kubelet's loop starts other pods, and the IP is not
+    handed out again. A preStop hook other than a sleep is not run, and said so."""
+    core = client.CoreV1Api(k8s)
+    started: dict[str, str] = {}
+    stops: dict[str, tuple[float, str, float]] = {}
+
+    def on_stop(pod, ip, grace=None):
+        stops[pod.metadata.name] = (time.monotonic(), ip, grace)
+
+    # The API server refuses loopback addresses in EndpointSlices: these pods get pod-network ones (nothing
+    # listens on them here).
+    kubelet = FakeKubelet(k8s, namespace=namespace, node_name=f"fake-{namespace}"[:63], graceful=True,
+                          ip_pool=[f"10.244.0.{i}" for i in range(10, 20)], on_pod_stop=on_stop,
+                          on_pod_start=lambda pod, ip: started.__setitem__(pod.metadata.name, ip))
+    core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {
+        "selector": {"app": "web"}, "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]}})
+    with kubelet, EndpointSliceRouter(k8s, namespace, "web", interval=0.1) as router:
+        core.create_namespaced_pod(namespace, _web_pod("a", ["sleep", "3"], 8))
+        core.create_namespaced_pod(namespace, _web_pod("b", ["sh", "-c", "sleep 3"], 8))
+        wait_for(lambda: len(started) == 2, 30, "pods a and b started")
+        wait_for(lambda: sorted(router.ready_addresses()) == sorted(started.values()), 30,
+                 "both pods' IPs ready in the Service's EndpointSlices")
+        assert sorted(router.urls()) == sorted(f"http://{ip}:8000" for ip in started.values())
+        uid = core.read_namespaced_pod("a", namespace).metadata.uid
+
+        core.delete_namespaced_pod("a", namespace)  # the pod's own grace period, 8 s
+        wait_for(lambda: started["a"] not in router.ready_addresses(), 10, "pod a's endpoint no longer ready")
+        assert "a" not in stops, "SIGTERM came before the preStop sleep was over"
+        terminating = [e for e in router.endpoints if e.address == started["a"]]
+        assert not terminating or (terminating[0].terminating and not terminating[0].ready), terminating
+        assert router.urls() == [f"http://{started['b']}:8000"]
+        core.create_namespaced_pod(namespace, _web_pod("c", ["sleep", "1"], 5))
+        wait_for(lambda: "c" in started, 10, "pod c started while pod a was in its preStop")
+        assert "a" not in stops and started["c"] != started["a"]
+
+        def gone(name):
+            try:
+                core.read_namespaced_pod(name, namespace)
+            except ApiException as e:
+                return e.status == 404
+            return False
+
+        wait_for(lambda: gone("a"), 30, "pod a deleted after its containers stopped")
+        rec = kubelet.terminations[uid]
+        at, ip, grace = stops["a"]
+        assert ip == started["a"] and rec.graceful and rec.prestop_seconds == 3 and rec.grace_seconds == 8
+        assert at - rec.seen_at >= 3 and 4 <= grace <= 5.1, (at - rec.seen_at, grace)
+        assert rec.stop_at <= rec.stopped_at <= rec.deleted_at and not rec.errors
+
+        core.delete_namespaced_pod("b", namespace)  # its hook is not a sleep: not run, the whole grace is left
+        wait_for(lambda: gone("b"), 30, "pod b deleted")
+        [b] = [t for t in kubelet.terminations.values() if t.name == "b"]
+        assert b.prestop_seconds == 0 and stops["b"][2] >= 7.5 and "not run (only sleep N)" in b.errors[0]
+        assert any("not run" in e for e in kubelet.errors)
+
 
 @local_only
 def test_stop_leaves_no_processes(tmp_path):
