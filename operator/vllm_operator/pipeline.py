@@ -199,8 +199,10 @@ def plan_server(
             except ValueError:
                 pass
             else:
+                # The base model's facts, not the checkpoint's: its quantization (none) says nothing of this one.
                 model, model_error = dataclasses.replace(
-                    resolved, source=f"{resolved.source}, base model of the quantized checkpoint {spec.model.name}"
+                    resolved, source=f"{resolved.source}, base model of the quantized checkpoint {spec.model.name}",
+                    architecture=resolved.architecture.model_copy(update={"quantization": None}),
                 ), None
     except ValueError as exc:
         # an explicitly named config.json that cannot be read: the field that named it is at fault

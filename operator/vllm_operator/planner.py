@@ -415,6 +415,43 @@ def flag_like_values(spec: VLLMServerSpec) -> list[Problem]:
             for where, value, what in values if value and value.startswith("-")]
 
 
+#: model.quantization methods that need weights quantized beforehand -> the checkpoint method they read.
+PREQUANTIZED = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq",
+                "compressed-tensors": "compressed-tensors", "gguf": "gguf"}
+
+
+def weights_quantization(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> str:
+    """The quantization the weights are sized with: the spec's, or with none the checkpoint's own."""
+    checkpoint = arch.quantization
+    if spec.model.quantization == "none" and checkpoint in BYTES_PER_WEIGHT and checkpoint != "none":
+        return checkpoint
+    return spec.model.quantization
+
+
+def quantization_problems(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> list[Problem]:
+    """model.quantization against the checkpoint's own (known only from its config.json), as vLLM 0.32 checks
+    them at start: a method that needs quantized weights on a 16-bit checkpoint, or another method than the
+    checkpoint's (awq_marlin and gptq_marlin read awq and gptq checkpoints; fp8 also quantizes 16-bit weights as
+    they load)."""
+    checkpoint, wanted = arch.quantization, spec.model.quantization
+    if checkpoint is None or wanted == "none":
+        return []
+    field = "spec.model.quantization"
+    if checkpoint == "none":
+        if wanted in PREQUANTIZED:
+            return [Problem(field, f"{wanted} needs a checkpoint quantized with {PREQUANTIZED[wanted]}, and "
+                            f"{spec.model.name}'s config.json has no quantization_config (its weights are 16-bit): "
+                            "serve it with quantization none or fp8 (quantized as it loads), or name a "
+                            f"{PREQUANTIZED[wanted].upper()} checkpoint")]
+        return []
+    if PREQUANTIZED.get(wanted, wanted) != checkpoint:
+        said = "a method vLLM does not know here" if checkpoint == "other" else checkpoint
+        return [Problem(field, f"{wanted} contradicts the checkpoint, whose config.json says it is quantized with "
+                        f"{said}: set quantization none (vLLM then reads the checkpoint's method)"
+                        + (f" or {checkpoint}" if checkpoint != "other" else ""))]
+    return []
+
+
 def _capability(gpu: Any) -> int:
     major, _, minor = str(gpu.compute_capability).partition(".")
     return int(major) * 10 + int(minor or 0)
@@ -731,7 +768,12 @@ def plan(
     budget = int(util * total)
 
     # ---- weights
-    p.weight_bytes_total = weight_bytes(arch, spec.model.quantization, elem)
+    p.problems.extend(quantization_problems(spec, arch))
+    sized_as = weights_quantization(spec, arch)
+    if sized_as != spec.model.quantization:
+        p.notes.append(f"weights sized as the checkpoint stores them ({sized_as}, config.json quantization_config); "
+                       "vLLM reads the method from the checkpoint")
+    p.weight_bytes_total = weight_bytes(arch, sized_as, elem)
     weights = math.ceil(p.weight_bytes_total / tp) + rotary_cache_bytes(arch, elem)
 
     # ---- batch sizing (before activation: the profile run uses max_num_batched_tokens)

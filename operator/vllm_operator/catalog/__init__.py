@@ -269,6 +269,7 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
     moe_intermediate = _positive_int(cfg.get("moe_intermediate_size"))
     if experts is not None and moe_intermediate is not None:
         intermediate = moe_intermediate  # per-expert width: what the parameter estimate multiplies
+    quantization = checkpoint_quantization(config)
     dtype_raw = _first(cfg, "torch_dtype", "dtype")
     dtype = _DTYPES.get(dtype_raw.lower()) if isinstance(dtype_raw, str) else None
     tie = cfg.get("tie_word_embeddings")
@@ -287,11 +288,29 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
         "num_experts": experts,
         "tie_word_embeddings": tie if isinstance(tie, bool) else None,
         "torch_dtype": dtype,
+        "quantization": quantization,
     }
     try:
         return ModelArchitecture.model_validate({k: v for k, v in fields.items() if v is not None})
     except pydantic.ValidationError as err:
         raise ValueError(f"out of range: {', '.join(_out_of_range(err))}") from None
+
+
+#: quantization_config.quant_method as the Hub's configs write it -> ModelArchitecture.quantization. Anything else is
+#: "other": a fetched value is never echoed into a status.
+_QUANT_METHODS = {"awq": "awq", "gptq": "gptq", "fp8": "fp8", "compressed-tensors": "compressed-tensors",
+                  "compressed_tensors": "compressed-tensors", "bitsandbytes": "bitsandbytes", "gguf": "gguf"}
+
+
+def checkpoint_quantization(config: dict[str, Any]) -> str:
+    """How a config.json says its weights are quantized ("none" without a quantization_config)."""
+    qc = config.get("quantization_config")
+    if qc is None and isinstance(config.get("text_config"), dict):
+        qc = config["text_config"].get("quantization_config")
+    if not isinstance(qc, dict):
+        return "none"
+    method = qc.get("quant_method")
+    return _QUANT_METHODS.get(method.lower(), "other") if isinstance(method, str) else "other"
 
 
 def _out_of_range(err: pydantic.ValidationError) -> list[str]:
