@@ -60,9 +60,10 @@ def test_schema_carries_enums_ranges_required_and_defaults():
     assert props["autoscaling"]["properties"]["source"]["enum"] == ["Pods", "Prometheus"]
     assert props["workloadProfile"]["properties"]["priority"]["enum"] == ["latency", "balanced", "throughput"]
     assert props["gpu"]["properties"]["memory"]["pattern"] == api.QUANTITY_PATTERN
-    # the only free-form field is affinity, passed through to the pod as is
+    # the only free-form fields are affinity and the spread constraints, passed through to the pod as they are
+    # (the API server checks them when the workload is applied)
     free = [p for p, n in _walk(crd.openapi_schema()) if n.get("x-kubernetes-preserve-unknown-fields")]
-    assert free == ["$.spec.affinity"]
+    assert free == ["$.spec.affinity", "$.spec.topologySpreadConstraints[]"]
 
 
 def test_quantities_are_int_or_string_with_the_quantity_grammar():

@@ -614,3 +614,16 @@ def test_an_object_the_api_server_could_not_store_is_a_problem_naming_what_makes
     big = plan_spec(engine={"env": [{"name": f"L_{i}", "value": letters} for i in range(90)]})
     [line] = builders.oversized(builders.build_all(big, OWNER))
     assert line.startswith("spec: the StatefulSet srv would be 1,4") and "spec.engine.env" in line
+
+
+def test_escape_hatches_reach_the_pod():
+    spread = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+              "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "srv"}}}
+    plan = plan_spec(runtimeClassName="nvidia", topologySpreadConstraints=[spread], startupSeconds=3600)
+    pod = builders.pod_template(plan)["spec"]
+    assert pod["runtimeClassName"] == "nvidia" and pod["topologySpreadConstraints"] == [spread]
+    probe = pod["containers"][0]["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] == 3600
+    assert [n for n in plan.notes if n.startswith("startup probe budget 3600 s from spec.startupSeconds")]
+    with pytest.raises(Exception):
+        plan_spec(startupSeconds=10)  # below the CRD's minimum: no probe that kills a loading model at once

@@ -46,6 +46,21 @@ def test_the_valid_examples_are_admitted(control_plane, crd_installed, namespace
         doc["metadata"].pop("namespace", None)
         p = apply(control_plane, namespace, doc)
         assert p.returncode == 0, f"{path.name}: {p.stderr}"
+    # The escape hatches, rendered into a StatefulSet the API server itself accepts (server-side dry run).
+    from vllm_operator import builders, pipeline
+    from vllm_operator.api import VLLMServer
+
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["metadata"] = {"name": "hatch", "namespace": namespace}
+    doc["spec"].update(runtimeClassName="nvidia", startupSeconds=3600, topologySpreadConstraints=[
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+         "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "hatch"}}}])
+    assert apply(control_plane, namespace, doc).returncode == 0
+    server = VLLMServer.model_validate(doc)
+    [sts] = [o for o in builders.build_all(pipeline.plan_server("hatch", namespace, server.spec))
+             if o["kind"] == "StatefulSet"]
+    p = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(sts), check=False)
+    assert p.returncode == 0, p.stderr
     # One shared ReadWriteMany claim is what a DaemonSet may create (a claim per pod it may not).
     doc = yaml.safe_load((ROOT / "examples" / "qwen-7b-daemonset.yaml").read_text())
     doc["metadata"].pop("namespace", None)

@@ -606,6 +606,15 @@ class VLLMServerSpec(_Model):
     """Extra tolerations (the nvidia.com/gpu taint is always tolerated)."""
     affinity: Optional[FreeForm] = None
     """Pod affinity, as in a Pod spec."""
+    topology_spread_constraints: list[FreeForm] = Field(default_factory=list, max_length=8,
+                                                        alias="topologySpreadConstraints")
+    """How the replicas spread over zones or nodes, as in a Pod spec (the API server checks them when the
+    workload is applied)."""
+    runtime_class_name: Optional[DNSSubdomain] = Field(None, alias="runtimeClassName")
+    """RuntimeClass of the pods (e.g. "nvidia" where the NVIDIA container runtime is not the node's default)."""
+    startup_seconds: Optional[int] = Field(None, ge=60, le=86400, alias="startupSeconds")
+    """How long the startup probe waits for vLLM to load, instead of the time derived from the weights' size
+    (for slow disks, or a torch.compile that takes longer here)."""
     resources: ResourceOverrides = Field(default_factory=ResourceOverrides)
     """Host CPU and memory for the vLLM container; derived from the model when omitted."""
     pod_annotations: Annotations = Field(default_factory=dict, alias="podAnnotations")

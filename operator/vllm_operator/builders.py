@@ -289,6 +289,10 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
+    if spec.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.runtime_class_name
+    if spec.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = [dict(c) for c in spec.topology_spread_constraints]
 
     pod_labels = {**spec.pod_labels, **labels(plan.name)}
     template_meta: dict[str, Any] = {"labels": pod_labels}

@@ -914,6 +914,10 @@ def plan(
     p.cpu_request = max(4, 2 * tp + 2)
     p.startup_seconds = int(max(_a("startup_floor_seconds"),
                                 p.weight_bytes_total / _a("load_bandwidth") + _a("engine_init_seconds")))
+    if spec.startup_seconds is not None:
+        p.notes.append(f"startup probe budget {spec.startup_seconds} s from spec.startupSeconds (derived: "
+                       f"{p.startup_seconds} s)")
+        p.startup_seconds = spec.startup_seconds
     if spec.model.download == "InitContainer" and api.is_hub_model(spec.model.name):
         p.notes.append(f"the weights download in the init container 'download' before vLLM starts (no probe "
                        f"deadline: a slow link is never killed); the startup probe's {p.startup_seconds} s cover "
