@@ -22,6 +22,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from . import vllm_flags
+
 GROUP = "vllm-operator.io"
 VERSION = "v1alpha1"
 KIND = "VLLMServer"
@@ -61,9 +63,11 @@ MAX_NAME_LENGTH = 52
 #: The non-root user the vLLM container runs as unless spec.runAsUser says otherwise.
 DEFAULT_RUN_AS_USER = 1000
 
-#: The vLLM release the default image pins; the same release's parser checks our flags.
-VLLM_VERSION = "0.32.0"
+#: The vLLM release the default image pins: the one whose parser made vllm_flags.json (its "version").
+VLLM_VERSION = vllm_flags.VERSION
 DEFAULT_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+#: The port vLLM serves on in every pod (the Services, probes and scrapes use it).
+VLLM_PORT = 8000
 
 # Kubernetes' own quantity grammar (apimachinery resource.Quantity), without a sign: no size here is negative.
 QUANTITY_PATTERN = (

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from . import api, gpus
 from .planner import GiB, Plan
 
-PORT = 8000
+PORT = api.VLLM_PORT
 PORT_NAME = "http"
 CACHE_MOUNT = "/cache"
 HF_HOME = f"{CACHE_MOUNT}/huggingface"

@@ -170,7 +170,7 @@ CREDENTIAL_FLAGS: dict[str, str] = {
 #: Flags the pod depends on (probes and Services): extraArgs may set them only with the escape-hatch
 #: annotation api.ALLOW_UNSAFE_ARGS_ANNOTATION (docs/security.md).
 UNSAFE_FLAGS = ("--host", "--port")
-DEFAULT_PORT = 8000
+DEFAULT_PORT = api.VLLM_PORT
 _CREDENTIAL_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
 #: Environment the operator sets; engine.env may not override it.
 OWNED_ENV = set(api.OWNED_ENV)

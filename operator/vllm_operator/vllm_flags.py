@@ -13,7 +13,8 @@ from functools import cache
 from importlib import resources
 from typing import Optional
 
-VERSION = "0.32.0"
+#: The vLLM release the snapshot was made from (and the default image runs): read from the snapshot itself.
+VERSION: str = json.loads(resources.files(__package__).joinpath("vllm_flags.json").read_text())["version"]
 
 
 @dataclass(frozen=True)

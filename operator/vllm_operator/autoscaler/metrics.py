@@ -20,6 +20,7 @@ from typing import Any, Optional, Protocol, Sequence
 from prometheus_client.parser import text_string_to_metric_families
 
 from .. import fetch
+from ..api import VLLM_PORT
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
@@ -53,7 +54,7 @@ class PodRef:
     name: str
     namespace: str
     ip: str
-    port: int = 8000
+    port: int = VLLM_PORT
 
 
 @dataclass(frozen=True)
