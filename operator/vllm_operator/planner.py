@@ -199,7 +199,7 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class Decision:
+class FlagDecision:
     """One derived (or pinned) flag and why it has its value."""
 
     flag: str
@@ -241,7 +241,7 @@ class Plan:
     gpu_source: str = ""
     tensor_parallel_size: int = 1
     args: list[str] = field(default_factory=list)
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[FlagDecision] = field(default_factory=list)
     memory: Optional[Memory] = None
     kv_bytes_per_token: int = 0
     kv_cache_tokens: int = 0
@@ -738,7 +738,7 @@ def plan(
     elif not tp_shards_evenly(arch, tp):
         p.problem("spec.gpu.count", f"{tp} GPUs cannot share the model's {arch.num_kv_heads} KV heads evenly "
                   f"(vLLM fails loading the weights); use one of {valid}")
-    p.decisions.append(Decision("--tensor-parallel-size", str(tp), f"gpu.count: shard the model over {tp} GPU(s) "
+    p.decisions.append(FlagDecision("--tensor-parallel-size", str(tp), f"gpu.count: shard the model over {tp} GPU(s) "
                                 f"({arch.num_attention_heads} heads / {tp} = {arch.num_attention_heads / tp:g} per GPU)"))
 
     # ---- memory budget
@@ -763,7 +763,7 @@ def plan(
         p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM")
         return p
     p.gpu_memory_utilization = util
-    p.decisions.append(Decision("--gpu-memory-utilization", repr(float(util)), f"{why}: budget {gib(util * total)} of "
+    p.decisions.append(FlagDecision("--gpu-memory-utilization", repr(float(util)), f"{why}: budget {gib(util * total)} of "
                                 f"{gib(total)} per GPU", pinned=e.gpu_memory_utilization is not None))
     budget = int(util * total)
 
@@ -872,7 +872,7 @@ def plan(
                 p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
                           f"({typical} tokens); add GPUs or use a quantized model")
     p.max_model_len = length
-    p.decisions.append(Decision("--max-model-len", str(length), len_why, pinned=e.max_model_len is not None))
+    p.decisions.append(FlagDecision("--max-model-len", str(length), len_why, pinned=e.max_model_len is not None))
 
     # cap seqs by what the KV cache can hold for typical requests
     if e.max_num_seqs is None:
@@ -882,20 +882,20 @@ def plan(
             if cap < seqs:
                 seqs, seqs_why = cap, f"the KV cache holds {cap} requests of p95 prompt+output ({typical} tokens)"
     p.max_num_seqs, p.max_num_batched_tokens = seqs, batched
-    p.decisions.append(Decision("--max-num-seqs", str(seqs), seqs_why, pinned=e.max_num_seqs is not None))
-    p.decisions.append(Decision("--max-num-batched-tokens", str(batched), batched_why,
+    p.decisions.append(FlagDecision("--max-num-seqs", str(seqs), seqs_why, pinned=e.max_num_seqs is not None))
+    p.decisions.append(FlagDecision("--max-num-batched-tokens", str(batched), batched_why,
                                 pinned=e.max_num_batched_tokens is not None))
     check_queue_cap(p)
     if kv_dtype != "auto":
-        p.decisions.append(Decision("--kv-cache-dtype", kv_dtype, f"pinned: {p.kv_bytes_per_token} bytes/token per GPU",
+        p.decisions.append(FlagDecision("--kv-cache-dtype", kv_dtype, f"pinned: {p.kv_bytes_per_token} bytes/token per GPU",
                                     pinned=True))
     prefix = True if e.enable_prefix_caching is None else e.enable_prefix_caching
-    p.decisions.append(Decision("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching", "",
+    p.decisions.append(FlagDecision("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching", "",
                                 "pinned" if e.enable_prefix_caching is not None else
                                 "reuse KV of shared prefixes (system prompts, chat history)",
                                 pinned=e.enable_prefix_caching is not None))
     if e.enforce_eager:
-        p.decisions.append(Decision("--enforce-eager", "", "pinned: no CUDA graphs (less memory, slower decode)",
+        p.decisions.append(FlagDecision("--enforce-eager", "", "pinned: no CUDA graphs (less memory, slower decode)",
                                     pinned=True))
 
     # ---- pod sizing
@@ -947,7 +947,7 @@ def check_queue_cap(p: Plan) -> None:
     if cap is None:
         return
     seqs = p.max_num_seqs
-    p.decisions.append(Decision("--max-num-queued-reqs", str(cap), f"pinned by engine.maxNumQueuedReqs: past {cap} "
+    p.decisions.append(FlagDecision("--max-num-queued-reqs", str(cap), f"pinned by engine.maxNumQueuedReqs: past {cap} "
                                 "requests (running and waiting) vLLM answers 503 and clients retry elsewhere",
                                 pinned=True))
     if a.enabled:
@@ -985,7 +985,7 @@ def plan_shutdown(p: Plan) -> None:
                    f", cut to the {ceiling} s ceiling" if needed > ceiling else "")
         why = (f"{source} {tokens} tokens at {speed:g} tokens/s = {needed} s{clipped}: a request started just "
                "before SIGTERM finishes instead of being aborted")
-    p.decisions.append(Decision("--shutdown-timeout", str(p.drain_seconds), why,
+    p.decisions.append(FlagDecision("--shutdown-timeout", str(p.drain_seconds), why,
                                 pinned=e.shutdown_timeout_seconds is not None))
     p.prestop_seconds = int(_a("prestop_seconds"))
     margin = int(_a("shutdown_margin_seconds"))
