@@ -229,7 +229,7 @@ def proc_status(pid: int) -> dict[str, int]:
 
 
 def operator_metrics(port: int) -> Counter:
-    """The operator's own counters (metrics.py): reconciles by result, API writes by resource and verb."""
+    """The operator's own counters (telemetry.py): reconciles by result, API writes by resource and verb."""
     import urllib.request
 
     counts: Counter = Counter()

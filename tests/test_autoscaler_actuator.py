@@ -119,7 +119,7 @@ class ScriptedSource:
 
 
 def test_the_at_max_replicas_gauge_follows_the_decisions_and_survives_a_hold():
-    from vllm_operator import metrics
+    from vllm_operator import telemetry as metrics
 
     body = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())  # maxReplicas 4
     body["metadata"] = {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "5"}

@@ -2,7 +2,7 @@
 
 Every panel's PromQL must parse (promtool; e2e/monitoring.py) and select only metrics that
 exist: vLLM 0.32's, listed below with where vLLM declares them, and the operator's, read from
-operator/vllm_operator/metrics.py itself.
+operator/vllm_operator/telemetry.py itself.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
 from e2e import monitoring, vllm_env
-from vllm_operator import metrics, packaging
+from vllm_operator import packaging, telemetry
 
 # --------------------------------------------------------------------------- the metric names that exist
 #: vLLM 0.32.0's metrics the alerts and the dashboard read, by their declared name and kind, all
@@ -49,9 +49,9 @@ VLLM_METRICS = set().union(*(exposed(n, k) for n, k in VLLM_DECLARED.items()))
 
 
 def operator_metrics() -> set[str]:
-    """The operator's metric names, as its /metrics exposes them, from metrics.py's own objects."""
+    """The operator's metric names, as its /metrics exposes them, from telemetry.py's own objects."""
     names = set()
-    for obj in vars(metrics).values():
+    for obj in vars(telemetry).values():
         if isinstance(obj, MetricWrapperBase):
             for family in obj.describe():
                 names |= exposed(family.name, family.type)

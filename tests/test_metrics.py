@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from vllm_operator import metrics
+from vllm_operator import telemetry as metrics
 from vllm_operator.operator_main import reconcile_result
 from vllm_operator.reconcile import Result
 

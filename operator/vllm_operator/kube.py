@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from kubernetes import client as k8s
 
-from . import metrics
+from . import telemetry
 
 FIELD_MANAGER = "vllm-operator"
 
@@ -105,9 +105,9 @@ class Kube:
         text = data.decode() if isinstance(data, bytes) else (data or "")
         if not 200 <= resp.status < 300:
             raise ApiError(resp.status, text, method, path)
-        labels = metrics.api_write_labels(method, path, content_type)
+        labels = telemetry.api_write_labels(method, path, content_type)
         if labels is not None:
-            metrics.record_api_write(*labels)
+            telemetry.record_api_write(*labels)
         return json.loads(text) if text else None
 
     # ---- objects

@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, apierrors, apisession, builders, cache, events, kopftoggles, metrics, peering, persistence, replan
+from . import api, apierrors, apisession, builders, cache, events, kopftoggles, peering, persistence, replan, telemetry
 from .autoscaler import actuator
 from .kube import PLURALS, ApiError, Kube, path_for
 from .reconcile import Reconciler
@@ -49,7 +49,7 @@ class State:
 STATE = State()
 #: Seconds a replica's peering keep-alive holds (--peering-lifetime): bounds the HA takeover time.
 PEERING_LIFETIME = peering.DEFAULT_LIFETIME
-HEALTH = metrics.Health()
+HEALTH = telemetry.Health()
 
 
 def api_client() -> k8s.ApiClient:
@@ -129,23 +129,23 @@ def reconcile(namespace: str, name: str, logger: Any, retry: int = 0) -> None:
         try:
             result = reconciler.reconcile(namespace, name)
         except ApiError as e:
-            metrics.record_reconcile_error(str(e.status))
-            metrics.record_reconcile("error", time.monotonic() - started)
+            telemetry.record_reconcile_error(str(e.status))
+            telemetry.record_reconcile("error", time.monotonic() - started)
             raise kopf.TemporaryError(str(e), delay=apierrors.retry_delay(e.status, retry)) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:
             # The API server is unreachable (restarting, network): retry soon, not after kopf's default minute.
-            metrics.record_reconcile_error(type(e).__name__)
-            metrics.record_reconcile("error", time.monotonic() - started)
+            telemetry.record_reconcile_error(type(e).__name__)
+            telemetry.record_reconcile("error", time.monotonic() - started)
             raise kopf.TemporaryError(f"the API server is unreachable: {e}", delay=3) from e
         except Exception as e:
-            metrics.record_reconcile_error(type(e).__name__)
-            metrics.record_reconcile("error", time.monotonic() - started)
+            telemetry.record_reconcile_error(type(e).__name__)
+            telemetry.record_reconcile("error", time.monotonic() - started)
             raise
-        metrics.record_reconcile(reconcile_result(result), time.monotonic() - started)
+        telemetry.record_reconcile(reconcile_result(result), time.monotonic() - started)
         if result is None:
-            metrics.forget_server(namespace, name)
+            telemetry.forget_server(namespace, name)
         else:
-            metrics.record_server(namespace, name, result.ready, result.replicas, result.ready_replicas)
+            telemetry.record_server(namespace, name, result.ready, result.replicas, result.ready_replicas)
     if result is not None and (result.applied or result.pruned or not result.valid):
         logger.info("reconciled %s/%s: applied=%s pruned=%s valid=%s", namespace, name, result.applied,
                     result.pruned, result.valid)
@@ -346,8 +346,8 @@ def run(args: argparse.Namespace) -> int:
     kopftoggles.install()
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
-    # /metrics, /healthz and /readyz on one port (metrics.py); kopf's own liveness endpoint stays off.
-    server = metrics.serve(args.health_port, HEALTH) if args.health_port else None
+    # /metrics, /healthz and /readyz on one port (telemetry.py); kopf's own liveness endpoint stays off.
+    server = telemetry.serve(args.health_port, HEALTH) if args.health_port else None
     try:
         kopf.run(
             clusterwide=not namespaces,

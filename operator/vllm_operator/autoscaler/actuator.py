@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 import kopf
 
 from .. import api, builders, events, kvcapacity, pipeline, planner
-from .. import metrics as operator_metrics
+from .. import telemetry as operator_metrics
 from ..cache import resource_version
 from ..kube import Kube
 from ..urlpolicy import URLPolicy
