@@ -7,7 +7,8 @@ import json
 
 from e2e.memory_world import NS, World
 from vllm_operator.kube import ApiError
-from vllm_operator.reconcile import (HASH_ANNOTATION, condition, is_subset, set_condition, up_to_date, with_hash,
+from vllm_operator.conditions import condition, set_condition
+from vllm_operator.reconcile import (HASH_ANNOTATION, is_subset, up_to_date, with_hash,
                                      workload_progress)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from . import api, apierrors, builders, catalog, events, failures, kvcapacity, pipeline, podsecurity, replan
 from .autoscaler import ownership
 from .cache import WatchedObjects
+from .conditions import condition, set_condition
 from .kube import ApiError, Kube
 from .urlpolicy import URLPolicy
 
@@ -81,18 +82,6 @@ def up_to_date(want: dict[str, Any], live: Optional[dict[str, Any]]) -> bool:
     return is_subset(want, live)
 
 
-def set_condition(conditions: list[dict], type_: str, status: str, reason: str, message: str,
-                  generation: Optional[int], now: str) -> list[dict]:
-    """Conditions keyed by type; lastTransitionTime moves only when status changes."""
-    old = next((c for c in conditions if c.get("type") == type_), None)
-    since = old.get("lastTransitionTime") if old and old.get("status") == status else now
-    new = {"type": type_, "status": status, "reason": reason, "message": message[:32768],
-           "lastTransitionTime": since or now, "observedGeneration": generation}
-    if old is None:
-        return [*conditions, new]
-    return [new if c is old else c for c in conditions]  # keep the order: no spurious status writes
-
-
 def kstatus_reconciling(conditions: list[dict], generation: Optional[int], now: str) -> list[dict]:
     """Reconciling=True while a rollout replaces pods that already serve (Ready=True and Progressing=True, the
     rollout's reason and message), absent otherwise. kstatus (Flux, kpt, cli-utils) knows no Progressing and reads
@@ -116,10 +105,6 @@ def own_status(status: dict[str, Any]) -> dict[str, Any]:
     if "conditions" in out:
         out["conditions"] = [c for c in out["conditions"] if c.get("type") in OWN_CONDITIONS]
     return out
-
-
-def condition(status: dict[str, Any], type_: str) -> Optional[dict[str, Any]]:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
 def degraded_condition(trouble: Optional[failures.Failure]) -> tuple[str, str, str]:

@@ -32,7 +32,7 @@ from .. import telemetry as operator_metrics
 from ..cache import resource_version
 from ..kube import Kube
 from ..urlpolicy import URLPolicy
-from ..reconcile import set_condition
+from ..conditions import set_condition
 from . import policy
 from .metrics import MetricsSource, PodRef, PodsSource, PrometheusSource, Sample
 from .ownership import CONDITIONS, FIELD_MANAGER, clear_status, has_status, runs_operator_loop
