@@ -838,3 +838,27 @@ def test_max_below_min_replicas_is_refused_whether_autoscaling_is_on_or_not():
     for enabled in (True, False):
         p = plan_for(autoscaling={"enabled": enabled, "minReplicas": 4, "maxReplicas": 1})
         assert messages(p, "spec.autoscaling.maxReplicas") == ["1 is below minReplicas 4"], enabled
+
+
+@pytest.mark.parametrize("image, version", [
+    ("vllm/vllm-openai:v0.35.1", "0.35.1"), ("vllm/vllm-openai:0.33.0", "0.33.0"),
+    ("registry.corp/vllm-openai:v0.34.0rc1@sha256:" + "ab" * 32, "0.34.0rc1"),
+    ("registry.corp/vllm-openai:v0.32.0-cu130", "0.32.0"), ("vllm/vllm-openai:latest", None), ("registry.corp/vllm@sha256:" + "ab" * 32, None),
+])
+def test_the_vllm_release_an_image_names(image, version):
+    assert planner.image_vllm_version(image) == version
+
+
+def test_another_vllm_release_gets_its_new_flags_checked_loosely():
+    new = ["--some-flag-of-0.35", "3", "--seed", "1"]
+    strict = plan_for(engine={"extraArgs": new})
+    assert [q.field for q in strict.problems] == ["spec.engine.extraArgs[0]"]
+    loose = plan_for(image="vllm/vllm-openai:v0.35.1", engine={"extraArgs": new[:2]})
+    assert loose.fits, loose.problems
+    [note] = [n for n in loose.notes if n.startswith("image vllm/vllm-openai:v0.35.1 runs vLLM 0.35.1")]
+    assert "--some-flag-of-0.35 passed unchecked" in note
+    assert loose.args[-2:] == ["--some-flag-of-0.35", "3"]
+    # what the operator owns, and credentials, stay refused whatever the release
+    for extra in (["--max-model-len", "4096"], ["--api-key", "secret-value-here"], ["--port", "9000"]):
+        p = plan_for(image="vllm/vllm-openai:v0.35.1", engine={"extraArgs": extra})
+        assert [q.field for q in p.problems] == ["spec.engine.extraArgs[0]"], (extra, p.problems)

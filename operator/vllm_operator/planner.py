@@ -583,8 +583,30 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
             elif parse_quantity(request) != parse_quantity(limit):
                 add(f"spec.resources.requests.{key}", f"{request} differs from the limit {limit}; {key} cannot be "
                     "overcommitted, so Kubernetes refuses a request other than the limit")
-    problems.extend(check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args))
+    problems.extend(check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args,
+                                     loose=image_vllm_version(spec.image) not in (None, vllm_flags.VERSION)))
     return problems
+
+
+_IMAGE_VERSION = re.compile(r":v?(\d+\.\d+\.\d+(?:[.+-]?[0-9A-Za-z.]+)?)(?:@sha256:[0-9a-f]{64})?$")
+
+
+def image_vllm_version(image: str) -> Optional[str]:
+    """The vLLM release an image's tag names (vllm/vllm-openai:v0.33.1 -> 0.33.1), or None when it names none. A
+    build variant after '-' or '+' (v0.32.0-cu130) is the same release; rc1, dev, post are other ones."""
+    found = _IMAGE_VERSION.search(image.strip())
+    return re.split(r"[-+]", found.group(1))[0] if found else None
+
+
+def unchecked_extra_args(extra: list[str]) -> list[str]:
+    """The extraArgs flags the flag snapshot does not know (passed unchecked for another vLLM release)."""
+    known = vllm_flags.flags()
+    out = []
+    for token in extra:
+        flag = token.partition("=")[0]
+        if flag.startswith("--") and known.get(vllm_flags.normalise(flag).split(".", 1)[0].rstrip("+")) is None:
+            out.append(flag)
+    return out
 
 
 def overcommittable(resource: str) -> bool:
@@ -611,9 +633,13 @@ def _values(extra: list[str], i: int, info: Optional[vllm_flags.FlagInfo]) -> li
     return extra[i:end]
 
 
-def check_extra_args(extra: list[str], allow_unsafe: bool = False) -> list[Problem]:
+def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool = False) -> list[Problem]:
     """Refuse flags vLLM does not have, flags the operator derives (--host/--port only with the escape-hatch
-    annotation: `allow_unsafe`) and credentials as flag values (one problem per flag)."""
+    annotation: `allow_unsafe`) and credentials as flag values (one problem per flag).
+
+    `loose`: the image runs another vLLM release than the snapshot's: what only the snapshot's parser can tell
+    (a flag it lacks or has removed, a value outside its choices) is not refused, since that release may differ;
+    what the operator owns and credentials still are."""
     problems: list[Problem] = []
     known = vllm_flags.flags()
     i = 0
@@ -633,6 +659,12 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False) -> list[Probl
         dotted = normal.split(".", 1)[0].rstrip("+") if normal.startswith("--") and "." in normal else None
         info = known.get(dotted or normal)
         refusal = None
+        if loose and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
+                and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
+                and not (dotted and dotted in OWNED_FLAGS):
+            if not eq and i < len(extra) and _is_value(extra[i]):
+                i += len(_values(extra, i, info))
+            continue
         if normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS:
             refusal = f"{flag} {KNOWN_BAD_FLAGS.get(normal) or KNOWN_BAD_FLAGS[flag]}"
         elif normal in CREDENTIAL_FLAGS:
@@ -665,14 +697,14 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False) -> list[Probl
         if eq:
             if not info.takes_value:
                 problems.append(Problem(where, f"{flag} takes no value; write {flag} alone"))
-            elif info.choices and inline not in info.choices:
+            elif info.choices and inline not in info.choices and not loose:
                 problems.append(Problem(where, f"{flag} {inline!r} is not one of {', '.join(info.choices)}"))
             continue
         values = _values(extra, i, info) if info.takes_value else []
         if values:
             i += len(values)
             for value in values:
-                if info.choices and value not in info.choices:
+                if info.choices and value not in info.choices and not loose:
                     problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))
         elif info.takes_value and info.nargs_required:
             problems.append(Problem(where, f"{flag} needs a value"))
@@ -926,7 +958,14 @@ def plan(
         p.notes.append(f"vLLM downloads or reads the weights itself: the startup probe's {p.startup_seconds} s cover "
                        f"{gib(p.weight_bytes_total)} at {_a('load_bandwidth') / 1e6:.0f} MB/s and the engine's start")
     plan_shutdown(p)
-    if spec.image.split("@", 1)[0] != api.DEFAULT_IMAGE:  # the default release pinned by digest is the default
+    version = image_vllm_version(spec.image)
+    if version is not None and version != vllm_flags.VERSION:
+        unchecked = unchecked_extra_args(list(spec.engine.extra_args))
+        p.notes.append(f"image {spec.image} runs vLLM {version}; the operator's flag snapshot is vLLM "
+                       f"{vllm_flags.VERSION}'s, so extraArgs are checked loosely"
+                       + (f" ({', '.join(unchecked)} passed unchecked)" if unchecked else "")
+                       + " and the derived flags are 0.32's")
+    elif spec.image.split("@", 1)[0] != api.DEFAULT_IMAGE:  # the default release pinned by digest is the default
         p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
     p.args = engine_args(p)
     return p
