@@ -35,6 +35,8 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import logging
+import random
+import socket
 import math
 import threading
 import time
@@ -100,6 +102,25 @@ class Fault:
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def free_loopback_ips(n: int, port: int = 8000) -> list[str]:
+    """n addresses of a random 127.x.y.0/24 where nothing listens on `port` (test runs share the host): an
+    ip_pool for pods whose on_pod_start serves on their own address."""
+    def free(ip: str) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind((ip, port))
+                return True
+            except OSError:
+                return False
+
+    for _ in range(50):
+        base = f"127.{random.randint(100, 250)}.{random.randint(1, 254)}"
+        ips = [f"{base}.{10 + i}" for i in range(n)]
+        if all(free(ip) for ip in ips):
+            return ips
+    raise RuntimeError("no free loopback addresses")
 
 
 def _default_ip_pool() -> list[str]:

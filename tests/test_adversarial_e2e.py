@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import socket
 import threading
 import time
 import urllib.error
@@ -36,7 +35,7 @@ import yaml
 from kubernetes import client
 
 from e2e.controlplane import wait_for
-from e2e.fakekubelet import FakeKubelet
+from e2e.fakekubelet import FakeKubelet, free_loopback_ips
 from e2e.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
 from e2e.operator_install import condition, free_port, kubectl_apply
 from e2e.operator_process import OperatorProcess
@@ -77,23 +76,6 @@ def server(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     return doc
 
 
-def _free_on(ip: str, port: int = 8000) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((ip, port))
-            return True
-        except OSError:
-            return False
-
-
-def pick_ips(n: int) -> list[str]:
-    """n addresses of a random 127.x.y.0/24 that nobody listens on at vLLM's port (runs share the host)."""
-    for _ in range(50):
-        base = f"127.{random.randint(100, 250)}.{random.randint(1, 254)}"
-        ips = [f"{base}.{10 + i}" for i in range(n)]
-        if all(_free_on(ip) for ip in ips):
-            return ips
-    raise RuntimeError("no free loopback addresses")
 
 
 class Pods:
@@ -201,7 +183,7 @@ def world(control_plane, k8s, crd_installed, tmp_path_factory):
         "victim": {"/metrics": Reply(200, vllm_metrics("10.0"))},  # 10 waiting, target 4: 3, capped at 2
     })
     kubelets = [FakeKubelet(k8s, namespace=ns, node_name=f"gpu-{ns}"[:60], gpu_product="NVIDIA-L4",
-                            ip_pool=pick_ips(12), on_pod_start=pods.on_pod_start, on_pod_stop=pods.on_pod_stop)
+                            ip_pool=free_loopback_ips(12), on_pod_start=pods.on_pod_start, on_pod_stop=pods.on_pod_stop)
                 for ns in (attacker, victim)]
     for k in kubelets:
         k.start()

@@ -25,7 +25,6 @@ import math
 import os
 import random
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from kubernetes import client
 
 from e2e import vllm_env
 from e2e.controlplane import wait_for
-from e2e.fakekubelet import FakeKubelet
+from e2e.fakekubelet import FakeKubelet, free_loopback_ips
 from e2e.loadgen import LoadGenerator
 from e2e.operator_process import OperatorProcess
 from e2e.monitoring import dashboard_queries
@@ -63,23 +62,6 @@ LOAD = dict(max_requests=2000, duration=500, max_tokens=1000)
 
 
 # --------------------------------------------------------------------------- the pods: real vLLM
-def _free_on(ip: str, port: int = 8000) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((ip, port))
-            return True
-        except OSError:
-            return False
-
-
-def _pick_ips(n: int = 2) -> list[str]:
-    """Two addresses of a random 127.x.y.0/24 that nobody listens on (other test runs share the host)."""
-    for _ in range(50):
-        base = f"127.{random.randint(100, 250)}.{random.randint(1, 254)}"
-        ips = [f"{base}.{10 + i}" for i in range(n)]
-        if all(_free_on(ip) for ip in ips):
-            return ips
-    raise RuntimeError("no free loopback addresses")
 
 
 def _children(pid: int) -> list[int]:
@@ -189,7 +171,7 @@ def stack(control_plane, k8s, tmp_path_factory):
     wait_for(lambda: core.read_namespaced_service_account("default", namespace), 60, "default ServiceAccount")
     pods = VLLMPods(namespace, work, prometheus)
     kubelet = FakeKubelet(k8s, namespace=namespace, node_name=f"gpu-{namespace}"[:60], gpu_product="NVIDIA-L4",
-                          ip_pool=_pick_ips(2), on_pod_start=pods.on_pod_start, on_pod_stop=pods.on_pod_stop,
+                          ip_pool=free_loopback_ips(2), on_pod_start=pods.on_pod_start, on_pod_stop=pods.on_pod_stop,
                           auto_ready=False)
     pods.kubelet = kubelet
     kubelet.start()
