@@ -12,30 +12,19 @@ e2e/run-tests.sh installs the package (its service is not started: the tests sta
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
+from e2e.procs import free_port, set_pdeathsig
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except OSError:
-        pass
+def _dies_with_parent() -> None:
+    set_pdeathsig(signal.SIGTERM)
 
 
 def binary() -> str:
@@ -50,7 +39,7 @@ class OciRegistry:
     def __init__(self, workdir: Path, start_timeout: float = 30):
         self.workdir = Path(workdir)
         self.start_timeout = start_timeout
-        self.port = _free_port()
+        self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
@@ -62,7 +51,7 @@ class OciRegistry:
         log = open(self.workdir / "registry.log", "wb")
         try:
             self.proc = subprocess.Popen([binary(), "serve", str(config)], stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                         stderr=subprocess.STDOUT, preexec_fn=_dies_with_parent)
         finally:
             log.close()
         deadline = time.monotonic() + self.start_timeout

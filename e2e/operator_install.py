@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ import yaml
 from e2e.controlplane import wait_for
 from e2e.fakekubelet import FakeKubelet
 from e2e.operator_process import OperatorProcess
+from e2e.procs import free_port  # noqa: F401 - the tests take it from here
 from e2e.serviceaccount import service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,12 +30,6 @@ GROUP_PATH = "/apis/vllm-operator.io/v1alpha1"
 #: ('User "system:serviceaccount:ns:sa" cannot list resource ...'), and kopf's own warning.
 #: (Other 403s, such as creating into a namespace being deleted, are not about RBAC.)
 RBAC_TROUBLE = re.compile(r'cannot [a-z]+ resource \\?"|Not enough permissions')  # \" in JSON logs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:

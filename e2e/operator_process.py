@@ -6,7 +6,6 @@ killed with SIGKILL, as a crash would.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
@@ -16,12 +15,11 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-_PR_SET_PDEATHSIG = 1
-
+from e2e.procs import set_pdeathsig
 
 def _die_with_parent() -> None:
     os.setsid()
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    set_pdeathsig(signal.SIGKILL)
 
 
 #: What an operator logs whenever it acts on an object (kopf's per-handler line and our reconcile line):

@@ -13,12 +13,10 @@ CLI (used by e2e/run-tests.sh): ``python -m e2e.prometheus ensure``.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,21 +26,13 @@ import urllib.request
 from pathlib import Path
 from typing import Iterable, Optional
 
+from e2e.procs import free_port, set_pdeathsig
+
 PACKAGE = "prometheus"
-_PR_SET_PDEATHSIG = 1
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except OSError:
-        pass
+def _dies_with_parent() -> None:
+    set_pdeathsig(signal.SIGTERM)
 
 
 def binary() -> Optional[str]:
@@ -132,7 +122,7 @@ class PrometheusServer:
                  f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=2h",
                  "--log.level=warn"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                start_new_session=True, preexec_fn=_die_with_parent)
+                start_new_session=True, preexec_fn=_dies_with_parent)
         finally:
             log.close()
         deadline = time.monotonic() + timeout
