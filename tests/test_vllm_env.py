@@ -259,11 +259,7 @@ def test_vllm_serves_as_the_non_root_user_the_pods_run_as(tmp_path):
 
         servers = [p for p in vllm_env._pids_in_group(proc.pid) if p != proc.pid]  # the guard alone is root
         assert servers and all(uids(p) == {str(uid)} for p in servers), {p: uids(p) for p in servers}
-        body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 4}).encode()
-        req = urllib.request.Request(f"http://{host}:{port}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            assert json.loads(r.read())["usage"]["completion_tokens"] == 4
+        assert _complete(f"http://{host}:{port}", "hello", 4)["usage"]["completion_tokens"] == 4
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -330,9 +326,5 @@ def test_the_download_init_container_fills_the_cache_vllm_then_serves_from():
                       log_path=tmp_path / "vllm.log")
     with proc:
         proc.wait_healthy(300)
-        body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 4}).encode()
-        req = urllib.request.Request(f"http://{host}:{port}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            assert json.loads(r.read())["usage"]["completion_tokens"] == 4
+        assert _complete(f"http://{host}:{port}", "hello", 4)["usage"]["completion_tokens"] == 4
     shutil.rmtree(tmp_path, ignore_errors=True)

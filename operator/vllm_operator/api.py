@@ -316,6 +316,12 @@ def is_hub_model(name: str) -> bool:
         and all(part.strip() for part in name.split("/"))
 
 
+def downloads_in_init_container(model: ModelSpec) -> bool:
+    """Whether an init container fetches the model before vLLM starts (the pod's initContainers and the plan's
+    startup budget note both follow this)."""
+    return model.download == "InitContainer" and is_hub_model(model.name)
+
+
 # --------------------------------------------------------------------------- gpu
 class GPUSpec(_Model):
     """The NVIDIA GPUs each server gets."""

@@ -148,7 +148,7 @@ def download_env(plan: Plan) -> list[dict[str, Any]]:
 def download_container(plan: Plan, mounts: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """The init container that fills the cache before vLLM starts (spec.model.download: InitContainer)."""
     spec = plan.spec
-    if spec.model.download != "InitContainer" or not api.is_hub_model(spec.model.name):
+    if not api.downloads_in_init_container(spec.model):
         return None
     container: dict[str, Any] = {
         "name": DOWNLOAD_CONTAINER,

@@ -600,13 +600,17 @@ def image_vllm_version(image: str) -> Optional[str]:
 
 def unchecked_extra_args(extra: list[str]) -> list[str]:
     """The extraArgs flags the flag snapshot does not know (passed unchecked for another vLLM release)."""
-    known = vllm_flags.flags()
-    out = []
-    for token in extra:
-        flag = token.partition("=")[0]
-        if flag.startswith("--") and known.get(vllm_flags.normalise(flag).split(".", 1)[0].rstrip("+")) is None:
-            out.append(flag)
-    return out
+    return [flag for flag in (token.partition("=")[0] for token in extra)
+            if flag.startswith("--") and _snapshot_flag(flag)[2] is None]
+
+
+def _snapshot_flag(flag: str) -> tuple[str, Optional[str], Optional[vllm_flags.FlagInfo]]:
+    """(normalised flag, its JSON-valued parent for a dotted key such as --compilation-config.mode, what the
+    snapshot's parser knows of it, or None)."""
+    normal = vllm_flags.normalise(flag)
+    # --compilation-config.mode 3 sets one key of a JSON-valued flag (FlexibleArgumentParser).
+    dotted = normal.split(".", 1)[0].rstrip("+") if normal.startswith("--") and "." in normal else None
+    return normal, dotted, vllm_flags.flags().get(dotted or normal)
 
 
 def overcommittable(resource: str) -> bool:
@@ -641,7 +645,6 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
     (a flag it lacks or has removed, a value outside its choices) is not refused, since that release may differ;
     what the operator owns and credentials still are."""
     problems: list[Problem] = []
-    known = vllm_flags.flags()
     i = 0
     while i < len(extra):
         token = extra[i]
@@ -654,10 +657,7 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
         flag, eq, inline = token.partition("=")
         if flag.startswith("-O") and not flag.startswith("--") and flag != "-O":  # -O3: --optimization-level 3
             flag, eq, inline = "--optimization-level", "=", flag[2:].lstrip("=") or inline
-        normal = vllm_flags.normalise(flag)
-        # --compilation-config.mode 3 sets one key of a JSON-valued flag (FlexibleArgumentParser).
-        dotted = normal.split(".", 1)[0].rstrip("+") if normal.startswith("--") and "." in normal else None
-        info = known.get(dotted or normal)
+        normal, dotted, info = _snapshot_flag(flag)
         refusal = None
         if loose and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
                 and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
@@ -950,7 +950,7 @@ def plan(
         p.notes.append(f"startup probe budget {spec.startup_seconds} s from spec.startupSeconds (derived: "
                        f"{p.startup_seconds} s)")
         p.startup_seconds = spec.startup_seconds
-    if spec.model.download == "InitContainer" and api.is_hub_model(spec.model.name):
+    if api.downloads_in_init_container(spec.model):
         p.notes.append(f"the weights download in the init container 'download' before vLLM starts (no probe "
                        f"deadline: a slow link is never killed); the startup probe's {p.startup_seconds} s cover "
                        f"reading {gib(p.weight_bytes_total)} from the cache and the engine's start")
@@ -964,7 +964,7 @@ def plan(
         p.notes.append(f"image {spec.image} runs vLLM {version}; the operator's flag snapshot is vLLM "
                        f"{vllm_flags.VERSION}'s, so extraArgs are checked loosely"
                        + (f" ({', '.join(unchecked)} passed unchecked)" if unchecked else "")
-                       + " and the derived flags are 0.32's")
+                       + f" and the derived flags are {vllm_flags.VERSION}'s")
     elif spec.image.split("@", 1)[0] != api.DEFAULT_IMAGE:  # the default release pinned by digest is the default
         p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
     p.args = engine_args(p)
