@@ -2,10 +2,10 @@
 .PHONY: demo test crd generate golden flags lock
 
 demo:  ## a local control plane, the operator and an example VLLMServer, until Ctrl-C
-	bash e2e/demo.sh
+	bash tools/demo.sh
 
 test:  ## the whole test suite (installs and caches what it needs)
-	bash e2e/run-tests.sh
+	bash tools/run-tests.sh
 
 crd:   ## regenerate the CRD from the pydantic models
 	.venv/bin/vllm-operator crd > crds/vllmservers.vllm-operator.io.yaml
@@ -17,7 +17,7 @@ golden:  ## regenerate the golden render output of examples/ (on purpose only)
 	UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_builders.py -q
 
 flags:  ## regenerate the vLLM flag snapshot from the real parser
-	.venv/bin/python -m e2e.dump_vllm_flags
+	.venv/bin/python -m tools.dump_vllm_flags
 
 lock:  ## the image's hash-locked runtime dependencies, from pyproject.toml (tests check they agree)
 	.venv/bin/python -m pip install -q pip-tools && .venv/bin/pip-compile -q --generate-hashes --strip-extras \

@@ -26,7 +26,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT)]
 
-from e2e.hostile_http import HostileServer, Reply, redirect_to, secret_page  # noqa: E402
+from tests.harness.hostile_http import HostileServer, Reply, redirect_to, secret_page  # noqa: E402
 from vllm_operator import api, catalog, fetch, planner  # noqa: E402
 from vllm_operator.autoscaler import metrics  # noqa: E402
 from tests.test_autoscaler_metrics import VLLM_METRICS  # noqa: E402 - vLLM 0.32's /metrics shape
@@ -126,7 +126,7 @@ CHILD = """
 import json, sys, time
 sys.path[:0] = {paths!r}
 sys.setrecursionlimit(1000)
-from vllm_operator import catalog  # in the baseline for both: the operator has it loaded
+from vllm_operator import catalog  # noqa: E402 - in the baseline for both: the operator has it loaded
 
 
 def peak():  # VmHWM: ru_maxrss would carry the parent's high-water mark across fork and exec

@@ -44,16 +44,16 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 import yaml  # noqa: E402
 from kubernetes import client  # noqa: E402
 
-from e2e import vllm_env  # noqa: E402
-from e2e.controlplane import ControlPlane, wait_for  # noqa: E402
-from e2e.fakekubelet import FakeKubelet  # noqa: E402
-from e2e.loadgen import LoadGenerator  # noqa: E402
-from e2e.operator_process import OperatorProcess  # noqa: E402
-from e2e.prometheus import PrometheusServer  # noqa: E402
+from tests.harness import vllm_env  # noqa: E402
+from tests.harness.controlplane import ControlPlane, wait_for  # noqa: E402
+from tests.harness.fakekubelet import FakeKubelet  # noqa: E402
+from tests.harness.loadgen import LoadGenerator  # noqa: E402
+from tests.harness.operator_process import OperatorProcess  # noqa: E402
+from tests.harness.prometheus import PrometheusServer  # noqa: E402
 from vllm_operator.api import AutoscalingSpec  # noqa: E402
 from vllm_operator.autoscaler import policy  # noqa: E402
 from vllm_operator.autoscaler.metrics import Sample, parse_vllm_metrics  # noqa: E402
-from vllm_operator.kube import Kube  # noqa: E402
+from vllm_operator.controller.kube import Kube  # noqa: E402
 
 NAME = "bench"
 TARGET = 4

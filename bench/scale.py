@@ -4,7 +4,7 @@
     python bench/scale.py --n 200    # a quick check
 
 Prints figures; it is not a test. Two phases, each on its own fresh control plane
-(etcd + kube-apiserver + kube-controller-manager, e2e/controlplane.py), so neither
+(etcd + kube-apiserver + kube-controller-manager, tests/harness/controlplane.py), so neither
 inherits the other's objects:
 
 floor     `vllm-operator render` of the N servers (the same StatefulSets/DaemonSets,
@@ -46,10 +46,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from e2e.controlplane import ControlPlane, wait_for  # noqa: E402
-from e2e.operator_process import OperatorProcess  # noqa: E402
-from vllm_operator import api, kopftoggles  # noqa: E402
-from vllm_operator.kube import Kube  # noqa: E402
+from tests.harness.controlplane import ControlPlane, wait_for  # noqa: E402
+from tests.harness.operator_process import OperatorProcess  # noqa: E402
+from vllm_operator import api  # noqa: E402
+from vllm_operator.kopfext import toggles as kopf_toggles  # noqa: E402
+from vllm_operator.controller.kube import Kube  # noqa: E402
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 CRD = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"
@@ -374,10 +375,10 @@ def operator_phase(args: argparse.Namespace, docs: list[dict], workdir: Path) ->
             out["rss"] = proc_status(op.proc.pid)
 
             # A restart: every server is resumed. First with kopf's own ToggleSet (the baseline: its start-up
-            # wait for the indices is quadratic, operator/vllm_operator/kopftoggles.py), then as shipped.
+            # wait for the indices is quadratic, operator/vllm_operator/kopfext/toggles.py), then as shipped.
             for toggles in ("kopf", "ours"):
                 op.stop()
-                op.env[kopftoggles.BASELINE_ENV] = toggles
+                op.env[kopf_toggles.BASELINE_ENV] = toggles
                 before, offset = http_.request_counts(), log.stat().st_size
                 t1 = time.monotonic()
                 op.start()

@@ -1,4 +1,4 @@
-"""kopf's start-up index wait: its ToggleSet against vllm_operator.kopftoggles.ToggleSet, side by side.
+"""kopf's start-up index wait: its ToggleSet against vllm_operator.kopfext.toggles.ToggleSet, side by side.
 
     python bench/toggles.py                  # N = 500, 1000, 2000, 4000 watched objects
     python bench/toggles.py --n 1000 5000
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
-from vllm_operator import kopftoggles  # noqa: E402
+from vllm_operator.kopfext import toggles  # noqa: E402
 
 KINDS = ("vllmservers", "statefulsets", "services", "poddisruptionbudgets", "pods")
 
@@ -68,12 +68,12 @@ def main() -> None:
     print(f"{'objects':>8}  {'kopf ToggleSet':>15}  {'kopftoggles':>12}  {'ratio':>7}")
     for n in args.n:
         times = {}
-        for cls in (kopftoggles.KopfToggleSet, kopftoggles.ToggleSet):
+        for cls in (toggles.KopfToggleSet, toggles.ToggleSet):
             gc.collect()
             seconds, early = asyncio.run(prepopulate(cls, n))
             assert early == 0, f"{cls.__module__}: {early} workers released before the listing ended"
             times[cls] = seconds
-        kopf_s, ours_s = times[kopftoggles.KopfToggleSet], times[kopftoggles.ToggleSet]
+        kopf_s, ours_s = times[toggles.KopfToggleSet], times[toggles.ToggleSet]
         print(f"{n:>8}  {kopf_s:>13.3f} s  {ours_s:>10.3f} s  {kopf_s / ours_s:>6.0f}x", flush=True)
 
 

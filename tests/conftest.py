@@ -1,6 +1,6 @@
 import pytest
 
-pytest_plugins = ["e2e.pytest_fixtures", "e2e.pytest_stress"]
+pytest_plugins = ["tests.harness.pytest_fixtures", "tests.harness.pytest_stress"]
 
 
 # A module marked `story` is one scenario told in steps (each test continues the previous

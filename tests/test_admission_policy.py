@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.controlplane import wait_for
+from tests.harness.controlplane import wait_for
 from vllm_operator import packaging
 
 pytestmark = pytest.mark.apiserver

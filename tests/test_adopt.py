@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controlplane import wait_for
-from e2e.convergence import get_server
-from e2e.operator_install import condition as cond
-from e2e.operator_install import events_for
-from e2e.operator_install import kubectl_apply as apply_server
-from e2e.operator_install import load_example as example
-from e2e.operator_install import wait_status
+from tests.harness.controlplane import wait_for
+from tests.harness.convergence import get_server
+from tests.harness.operator_install import condition as cond
+from tests.harness.operator_install import events_for
+from tests.harness.operator_install import kubectl_apply as apply_server
+from tests.harness.operator_install import load_example as example
+from tests.harness.operator_install import wait_status
 from vllm_operator import builders
-from vllm_operator.kube import Kube
+from vllm_operator.controller.kube import Kube
 
 pytestmark = pytest.mark.apiserver
 

@@ -13,7 +13,7 @@ One story, in order:
    chart's limit.
 
 The "pods" are the fake kubelet's: each pod's address gets a local HTTP server. The attacker's answer as a
-hostile tenant's image would (e2e/hostile_http.py); the victim's serve vLLM 0.32's real /metrics text
+hostile tenant's image would (tests/harness/hostile_http.py); the victim's serve vLLM 0.32's real /metrics text
 (tests/data, recorded from the CPU server) with a queue in it: no real vLLM is needed to show that the
 operator keeps scaling someone else's server while it is under attack.
 """
@@ -34,12 +34,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from e2e.controlplane import wait_for
-from e2e.fakekubelet import FakeKubelet, free_loopback_ips
-from e2e.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
-from e2e.operator_install import condition, free_port, kubectl_apply
-from e2e.operator_process import OperatorProcess
-from vllm_operator.kube import Kube
+from tests.harness.controlplane import wait_for
+from tests.harness.fakekubelet import FakeKubelet, free_loopback_ips
+from tests.harness.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
+from tests.harness.operator_install import condition, free_port, kubectl_apply
+from tests.harness.operator_process import OperatorProcess
+from vllm_operator.controller.kube import Kube
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.story]
 

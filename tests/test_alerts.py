@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import monitoring
+from tests.harness import monitoring
 
 RELEASE_NS = "vllm-operator"  # the operator's namespace (rule_groups' default)
 OPERATOR_POD = {"namespace": RELEASE_NS, "pod": "vllm-operator-5d9c7b-x2x4z", "job": "vllm-operator"}

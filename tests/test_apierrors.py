@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_operator import apierrors
-from vllm_operator.apierrors import CONFLICT, REJECTED, THROTTLED
+from vllm_operator.controller import apierrors
+from vllm_operator.controller.apierrors import CONFLICT, REJECTED, THROTTLED
 
 
 @pytest.mark.parametrize("status, kind", [

@@ -1,6 +1,6 @@
 """The Argo CD health check (operator/vllm_operator/argocd_health.lua) under a real Lua 5.1
 and under Argo CD's own runtime (argocd-health: Argo CD's util/lua from its Go module, the
-release e2e/testbed/argocd/go.mod pins).
+release tools/testbed/argocd/go.mod pins).
 
 The VLLMServer objects are not written by hand: the real Reconciler writes their status
 (through an in-memory API, below) for each state Argo CD must tell apart, so the check is
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.lua_health import (HEALTH_SCRIPT, RUNTIMES, argocd_versions, pinned_argocd_version, run_argocd_health_check,
+from tests.harness.lua_health import (HEALTH_SCRIPT, RUNTIMES, argocd_versions, pinned_argocd_version, run_argocd_health_check,
                             run_health_check, to_lua)
-from e2e.memory_world import World
+from tests.harness.memory_world import World
 from vllm_operator import packaging
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,6 +219,6 @@ def test_the_argocd_runtime_is_the_pinned_release_and_the_docs_name_it():
     linked = argocd_versions()
     version = pinned_argocd_version()
     assert linked["argo-cd"] == linked["gitops-engine"] == f"v{version}"
-    gomod = (ROOT / "e2e" / "testbed" / "argocd" / "go.mod").read_text().split()
+    gomod = (ROOT / "tools" / "testbed" / "argocd" / "go.mod").read_text().split()
     assert linked["gopher-lua"] == gomod[gomod.index("github.com/yuin/gopher-lua") + 1]
     assert f"Argo CD v{version}" in (ROOT / "docs" / "argocd.md").read_text()

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.controlplane import wait_for
-from e2e.fakekubelet import FakeKubelet
+from tests.harness.controlplane import wait_for
+from tests.harness.fakekubelet import FakeKubelet
 from vllm_operator.autoscaler import actuator, ownership, policy
 from vllm_operator.autoscaler.metrics import Sample
-from vllm_operator.kube import FIELD_MANAGER, Kube
-from vllm_operator.reconcile import Reconciler
+from vllm_operator.controller.kube import FIELD_MANAGER, Kube
+from vllm_operator.controller.reconcile import Reconciler
 
 pytestmark = pytest.mark.apiserver
 

@@ -34,16 +34,16 @@ import pytest
 import yaml
 from kubernetes import client
 
-from e2e import vllm_env
-from e2e.controlplane import wait_for
-from e2e.fakekubelet import FakeKubelet, free_loopback_ips
-from e2e.loadgen import LoadGenerator
-from e2e.operator_process import OperatorProcess
-from e2e.monitoring import dashboard_queries
-from e2e.operator_install import free_port
-from e2e.prometheus import PrometheusServer
+from tests.harness import vllm_env
+from tests.harness.controlplane import wait_for
+from tests.harness.fakekubelet import FakeKubelet, free_loopback_ips
+from tests.harness.loadgen import LoadGenerator
+from tests.harness.operator_process import OperatorProcess
+from tests.harness.monitoring import dashboard_queries
+from tests.harness.operator_install import free_port
+from tests.harness.prometheus import PrometheusServer
 from vllm_operator.autoscaler.metrics import parse_vllm_metrics
-from vllm_operator.kube import Kube
+from vllm_operator.controller.kube import Kube
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.vllm, pytest.mark.story]
 

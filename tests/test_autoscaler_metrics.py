@@ -11,10 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from e2e.hostile_http import HostileServer, Reply
+from tests.harness.hostile_http import HostileServer, Reply
 from vllm_operator.autoscaler import actuator, ownership
-from vllm_operator.autoscaler.metrics import (PodRef, PodsSource, PrometheusSource, parse_vllm_metrics,
-                                              queue_query)
+from vllm_operator.autoscaler.metrics import PodRef, PodsSource, PrometheusSource, parse_vllm_metrics, queue_query
 
 # The shape vLLM 0.32's /metrics has (two engines of a data-parallel server).
 VLLM_METRICS = """\

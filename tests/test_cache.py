@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_operator import api, builders, cache
+from vllm_operator import api, builders
+from vllm_operator.informers import cache
 
 
 def child(kind: str, name: str, server: str = "srv", uid: str = "u1", rv: int = 10, **extra) -> dict:

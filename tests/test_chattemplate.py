@@ -12,7 +12,7 @@ import pytest
 from vllm_operator import api, chattemplate, pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The tiny test model's own template (e2e/make_tiny_model.py), and one in the style of Llama 3's.
+#: The tiny test model's own template (tools/make_tiny_model.py), and one in the style of Llama 3's.
 TINY = ("{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}"
         "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 LLAMA3_STYLE = (

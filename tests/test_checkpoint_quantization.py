@@ -1,5 +1,5 @@
 """The checkpoint's quantization_config decides (issue 12 item 3): read from config.json, served by the local Hub
-stand-in (e2e/hub_http.py) through the operator's own fetch, and compared with spec.model.quantization as vLLM 0.32
+stand-in (tests/harness/hub_http.py) through the operator's own fetch, and compared with spec.model.quantization as vLLM 0.32
 compares them at start."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from e2e.hub_http import HubServer
+from tests.harness.hub_http import HubServer
 from vllm_operator import api, catalog, pipeline
 
 CONFIGS = Path(__file__).resolve().parent / "data" / "configs"

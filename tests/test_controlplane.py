@@ -18,9 +18,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from e2e.controlplane import ENV_KUBECONFIG, KUBE_VERSION, ControlPlane, wait_for
-from e2e.fakekubelet import FakeKubelet
-from e2e.servicelb import EndpointSliceRouter
+from tests.harness.controlplane import ENV_KUBECONFIG, KUBE_VERSION, ControlPlane, wait_for
+from tests.harness.fakekubelet import FakeKubelet
+from tests.harness.servicelb import EndpointSliceRouter
 
 pytestmark = pytest.mark.apiserver
 
@@ -307,7 +307,7 @@ def test_children_die_with_the_python_process(tmp_path):
     """If the test process is killed (no atexit), PDEATHSIG takes the children."""
     code = (
         "import json, sys, time\n"
-        "from e2e.controlplane import ControlPlane\n"
+        "from tests.harness.controlplane import ControlPlane\n"
         f"cp = ControlPlane({str(tmp_path / 'cp')!r}).start()\n"
         "print(json.dumps(cp.pids), flush=True)\n"
         "time.sleep(600)\n"

@@ -3,7 +3,7 @@
 A seeded script creates, updates (model, servedName, replicas, image, workload) and deletes
 VLLMServers -- re-creating some deleted names, so old children must not be adopted or
 left behind -- while the operator is killed with SIGKILL at random moments and started
-again. Afterwards every server must converge (e2e/convergence.py): exactly the children
+again. Afterwards every server must converge (tests/harness/convergence.py): exactly the children
 its last spec wants, up to date, nothing orphaned or duplicated, deleted servers gone.
 The second test stops only the kube-apiserver (etcd keeps the data) for ~10 s mid-run:
 the same operator process must recover on its own. The third deletes a child while the
@@ -27,12 +27,12 @@ from typing import Any, Optional
 
 import pytest
 
-from e2e.controlplane import ControlPlane, wait_for
-from e2e.convergence import (EXAMPLES, apply_server, delete_server, example, get_server, install_crd,
+from tests.harness.controlplane import ControlPlane, wait_for
+from tests.harness.convergence import (EXAMPLES, apply_server, delete_server, example, get_server, install_crd,
                              server_doc, wait_converged)
-from e2e.operator_process import OperatorProcess
+from tests.harness.operator_process import OperatorProcess
 from vllm_operator import api, pipeline
-from vllm_operator.kube import Kube
+from vllm_operator.controller.kube import Kube
 
 pytestmark = pytest.mark.apiserver
 

@@ -1,6 +1,6 @@
 """The chart's Grafana dashboard (files/vllm-operator-dashboard.json, templates/grafana-dashboard.yaml).
 
-Every panel's PromQL must parse (promtool; e2e/monitoring.py) and select only metrics that
+Every panel's PromQL must parse (promtool; tests/harness/monitoring.py) and select only metrics that
 exist: vLLM 0.32's, listed below with where vLLM declares them, and the operator's, read from
 operator/vllm_operator/telemetry.py itself.
 """
@@ -14,7 +14,7 @@ from itertools import combinations
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from e2e import monitoring, vllm_env
+from tests.harness import monitoring, vllm_env
 from vllm_operator import packaging, telemetry
 
 # --------------------------------------------------------------------------- the metric names that exist
@@ -72,7 +72,7 @@ def test_operator_metric_names_are_read_from_its_source():
 def test_vllm_names_match_vllms_own_source():
     found = sorted(vllm_env.venv_dir().glob("lib/python3*/site-packages/vllm/v1/metrics/loggers.py"))
     if not found:
-        pytest.skip(f"no vLLM {vllm_env.VLLM_VERSION} virtualenv at {vllm_env.venv_dir()} (e2e/vllm-env.sh builds it)")
+        pytest.skip(f"no vLLM {vllm_env.VLLM_VERSION} virtualenv at {vllm_env.venv_dir()} (tools/vllm-env.sh builds it)")
     source = found[0].read_text()
     declared = dict((name, kind) for kind, name in
                     re.findall(r'_(gauge|counter|histogram)_cls\(\s*name="(vllm:[^"]+)"', source))

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.apiserver
 
 
 def test_demo_brings_up_the_operator_and_an_example():
-    p = subprocess.run([sys.executable, "-m", "e2e.demo", "--once"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "tools.demo", "--once"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout
     assert "vllmserver.vllm-operator.io/llama-8b created" in out

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e import vllm_env
-from e2e.vllm_env import free_port, start_vllm
+from tests.harness import vllm_env
+from tests.harness.vllm_env import free_port, start_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The tiny model's context is 2,048 positions; at ~300 tokens/s here a 1,900-token stream lasts

@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import pytest
 
-from vllm_operator import failures
-from vllm_operator.failures import MAX_MESSAGE, classify
+from vllm_operator.controller import failures
+from vllm_operator.controller.failures import MAX_MESSAGE, classify
 
 T0 = "2026-01-01T10:00:00Z"
 IMAGE = "vllm/vllm-openai:v0.32.0"

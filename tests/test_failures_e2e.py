@@ -2,7 +2,7 @@
 
 Each case is one VLLMServer whose pods fail the way a cluster makes them fail. The StatefulSet controller
 (real kube-controller-manager) creates the pods or cannot (a ResourceQuota: its own FailedCreate Event); the
-fake kubelet (e2e/fakekubelet.py) plays kube-scheduler and kubelet and reports what they report: a node
+fake kubelet (tests/harness/fakekubelet.py) plays kube-scheduler and kubelet and reports what they report: a node
 selector nobody matches, an image it cannot pull, a missing Secret, an OOM kill, a crash loop with vLLM's
 last log lines as the termination message, a startup probe's kill, with the kubelet's own Events; the test
 plays the cluster autoscaler for a pod waiting for a node. Each failure must reach, with its reason:
@@ -21,12 +21,12 @@ from typing import Any, Optional
 import pytest
 from kubernetes import client
 
-from e2e.controlplane import wait_for
-from e2e.fakekubelet import Fault, FakeKubelet
-from e2e.kstatus import kstatus
-from e2e.lua_health import run_health_check
-from e2e.operator_install import condition, events_for, kubectl_apply, load_example
-from vllm_operator.kube import Kube
+from tests.harness.controlplane import wait_for
+from tests.harness.fakekubelet import Fault, FakeKubelet
+from tests.harness.kstatus import kstatus
+from tests.harness.lua_health import run_health_check
+from tests.harness.operator_install import condition, events_for, kubectl_apply, load_example
+from vllm_operator.controller.kube import Kube
 
 pytestmark = [pytest.mark.apiserver]
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from e2e.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
+from tests.harness.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
 from vllm_operator import fetch
 
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_operator import api, builders, catalog, pipeline
-from vllm_operator.reconcile import with_hash
+from vllm_operator.controller.reconcile import with_hash
 
 MODELS = catalog.known_models()
 GPUS = [g.product for g in catalog.known_gpus()]
@@ -332,7 +332,7 @@ def check_refusal(lines: list[str]) -> None:
         assert FIELD_PATH.match(line), f"a refusal that names no field: {line!r}"
 
 
-LONG = os.environ.get("VLLM_OPERATOR_LONG", "") not in ("", "0")  # --long sets it (e2e/pytest_stress.py)
+LONG = os.environ.get("VLLM_OPERATOR_LONG", "") not in ("", "0")  # --long sets it (tests/harness/pytest_stress.py)
 FUZZ = settings(max_examples=2000 if LONG else 200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                           HealthCheck.filter_too_much])
 
@@ -410,8 +410,8 @@ def sample_rendered(strategy, count: int, max_examples: int = 400) -> list[tuple
 @pytest.mark.apiserver
 def test_a_sample_of_rendered_specs_is_accepted_by_the_api_server(control_plane, k8s, namespace, stress_report):
     """Server-side dry-run: the VLLMServer against the CRD schema, every child against the API's validation."""
-    from e2e.convergence import install_crd
-    from vllm_operator.kube import ApiError, Kube
+    from tests.harness.convergence import install_crd
+    from vllm_operator.controller.kube import ApiError, Kube
 
     install_crd(control_plane)
     kube = Kube(k8s)
@@ -442,14 +442,14 @@ def test_a_sample_of_rendered_specs_is_accepted_by_the_api_server(control_plane,
 
 
 def _path(obj: dict) -> str:
-    from vllm_operator.kube import path_for
+    from vllm_operator.controller.kube import path_for
 
     return path_for(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
 
 
 @pytest.mark.vllm
 def test_a_sample_of_rendered_args_is_accepted_by_vllms_parser(stress_report):
-    from e2e.vllm_env import check_args
+    from tests.harness.vllm_env import check_args
 
     size = 100 if LONG else 30
     samples = sample_rendered(plausible(), size) + sample_rendered(extreme(), size // 2)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.controlplane import wait_for
-from e2e.fakekubelet import FakeKubelet
-from e2e.operator_install import kubectl_apply, load_example
+from tests.harness.controlplane import wait_for
+from tests.harness.fakekubelet import FakeKubelet
+from tests.harness.operator_install import kubectl_apply, load_example
 
 pytestmark = [pytest.mark.apiserver]
 

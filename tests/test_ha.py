@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controlplane import wait_for
-from e2e.convergence import (apply_server, example, install_crd, server_doc, wait_converged)
-from e2e.operator_process import ACTING, OperatorProcess
-from vllm_operator import peering
-from vllm_operator.kube import Kube
+from tests.harness.controlplane import wait_for
+from tests.harness.convergence import (apply_server, example, install_crd, server_doc, wait_converged)
+from tests.harness.operator_process import ACTING, OperatorProcess
+from vllm_operator.kopfext import peering
+from vllm_operator.controller.kube import Kube
 
 pytestmark = pytest.mark.apiserver
 

@@ -2,7 +2,7 @@
 
 The chart's operator Deployment cannot run here (no image, no kubelet); `vllm-operator
 run` with that Deployment's arguments and the chart's ServiceAccount token stands in for
-it (e2e/operator_install.py), so what is proven is the chart's RBAC and flags. Also: the
+it (tests/harness/operator_install.py), so what is proven is the chart's RBAC and flags. Also: the
 account can read no Secret, upgrade changes the Deployment, uninstall removes it all.
 """
 
@@ -17,18 +17,18 @@ import subprocess
 import pytest
 import yaml
 
-from e2e.controlplane import KUBECTL, wait_for
-from e2e.lua_health import run_health_check
-from e2e.operator_install import (ROOT, children, condition, get_server, http_get, load_example, operator_deployment,
+from tests.harness.controlplane import KUBECTL, wait_for
+from tests.harness.lua_health import run_health_check
+from tests.harness.operator_install import (ROOT, children, condition, get_server, http_get, load_example, operator_deployment,
                                   rbac_trouble, run_as_installed, serve_example_until_ready)
-from e2e.operator_process import ACTING
-from e2e.serviceaccount import can_i, service_account_kubeconfig
+from tests.harness.operator_process import ACTING
+from tests.harness.serviceaccount import can_i, service_account_kubeconfig
 from vllm_operator import packaging
-from vllm_operator.kube import Kube
+from vllm_operator.controller.kube import Kube
 
 pytestmark = pytest.mark.apiserver
 
-helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="e2e/run-tests.sh installs helm-sdkpy")
+helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="tools/run-tests.sh installs helm-sdkpy")
 
 CHART = str(ROOT / packaging.CHART)
 

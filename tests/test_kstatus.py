@@ -1,8 +1,8 @@
 """What kstatus (sigs.k8s.io/cli-utils/pkg/kstatus/status: Flux's health checks, kpt, the cli-utils applier)
-makes of a VLLMServer, measured with cli-utils' own status.Compute (e2e/kstatus.py, e2e/testbed/kstatus/).
+makes of a VLLMServer, measured with cli-utils' own status.Compute (tests/harness/kstatus.py, tools/testbed/kstatus/).
 
 As in tests/test_argocd_health.py, the objects are not written by hand: the real Reconciler writes their status
-through an in-memory API (e2e/memory_world.py) for each state a GitOps tool must tell apart. kstatus reads
+through an in-memory API (tests/harness/memory_world.py) for each state a GitOps tool must tell apart. kstatus reads
 metadata.generation against status.observedGeneration, then the conditions Reconciling=True (InProgress) and
 Stalled=True (Failed), then Ready; docs/argocd.md ("Flux and other kstatus readers") has the table.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from e2e.kstatus import CLI_UTILS_VERSION, kstatus, version
-from e2e.memory_world import NS, World
-from vllm_operator.kube import ApiError
+from tests.harness.kstatus import CLI_UTILS_VERSION, kstatus, version
+from tests.harness.memory_world import NS, World
+from vllm_operator.controller.kube import ApiError
 
 L4_X3 = {"gpu": {"count": 3, "product": "NVIDIA-L4"}}  # 32 attention heads do not split over 3 GPUs
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.memory_world import NS, World
-from vllm_operator import kvcapacity
+from tests.harness.memory_world import NS, World
+from vllm_operator.controller import kvcapacity
 from vllm_operator.autoscaler.metrics import PodRef, Sample, kv_capacity_tokens, parse_vllm_metrics
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -141,7 +141,7 @@ def test_the_real_cpu_server_reports_what_its_1_gib_kv_cache_holds(tmp_path):
     import json
     import time
 
-    from e2e.vllm_env import free_port, start_vllm, tiny_model_dir
+    from tests.harness.vllm_env import free_port, start_vllm, tiny_model_dir
     from vllm_operator.autoscaler.metrics import PodsSource
 
     cfg = json.loads((tiny_model_dir() / "config.json").read_text())

@@ -15,7 +15,7 @@ def ruff(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_checkout_is_clean():
-    result = ruff("operator", "tests", "e2e", "bench")
+    result = ruff("operator", "tests", "tools", "bench")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from e2e.loadgen import LoadGenerator, check_loopback
+from tests.harness.loadgen import LoadGenerator, check_loopback
 
 
 class _Slow(BaseHTTPRequestHandler):

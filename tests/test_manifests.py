@@ -14,11 +14,11 @@ import json
 
 import pytest
 
-from e2e.controlplane import wait_for
-from e2e.operator_install import ROOT, children, rbac_trouble, run_as_installed, serve_example_until_ready
-from e2e.serviceaccount import can_i
+from tests.harness.controlplane import wait_for
+from tests.harness.operator_install import ROOT, children, rbac_trouble, run_as_installed, serve_example_until_ready
+from tests.harness.serviceaccount import can_i
 from vllm_operator import packaging
-from vllm_operator.reconcile import is_subset
+from vllm_operator.controller.reconcile import is_subset
 
 pytestmark = pytest.mark.apiserver
 
@@ -75,7 +75,7 @@ def apply_bundle(cp) -> None:
 
 
 def test_bundle_gives_the_objects_helm_install_gives(clean):
-    helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="e2e/run-tests.sh installs helm-sdkpy")
+    helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="tools/run-tests.sh installs helm-sdkpy")
     cp = clean
     config = helm_sdkpy.Configuration(namespace=NS, kubeconfig=cp.kubeconfig)
     asyncio.run(helm_sdkpy.Install(config).run(packaging.BUNDLE_RELEASE, str(ROOT / packaging.CHART),

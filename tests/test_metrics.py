@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from vllm_operator import telemetry as metrics
 from vllm_operator.operator_main import reconcile_result
-from vllm_operator.reconcile import Result
+from vllm_operator.controller.reconcile import Result
 
 
 @pytest.mark.parametrize("method,path,content_type,expected", [
@@ -58,7 +58,7 @@ def test_every_reconcile_result_is_a_series_before_it_happens():
 
 
 def test_server_gauges_follow_the_reconciles_and_go_with_the_server(monkeypatch):
-    from e2e.memory_world import NS, World
+    from tests.harness.memory_world import NS, World
     from vllm_operator import operator_main
 
     world = World({"replicas": 2})

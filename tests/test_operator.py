@@ -1,8 +1,8 @@
-"""The operator against a real kube-apiserver + kube-controller-manager (e2e/controlplane.py).
+"""The operator against a real kube-apiserver + kube-controller-manager (tests/harness/controlplane.py).
 
 One operator process for the module (`vllm-operator run`, resync every 3 s), a fresh
 namespace per test, polling with deadlines. Pods come from the controller-manager's
-StatefulSet controller; the fake kubelet (e2e/fakekubelet.py) plays the node where a
+StatefulSet controller; the fake kubelet (tests/harness/fakekubelet.py) plays the node where a
 test needs running pods.
 """
 
@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from e2e.controlplane import wait_for
-from e2e.convergence import get_server
-from e2e.operator_install import condition as cond
-from e2e.operator_install import events_for
-from e2e.operator_install import kubectl_apply as apply_server
-from e2e.operator_install import load_example as example
-from e2e.operator_install import wait_status
-from e2e.fakekubelet import FakeKubelet
+from tests.harness.controlplane import wait_for
+from tests.harness.convergence import get_server
+from tests.harness.operator_install import condition as cond
+from tests.harness.operator_install import events_for
+from tests.harness.operator_install import kubectl_apply as apply_server
+from tests.harness.operator_install import load_example as example
+from tests.harness.operator_install import wait_status
+from tests.harness.fakekubelet import FakeKubelet
 from vllm_operator import builders, pipeline
 from vllm_operator.api import VLLMServer
-from vllm_operator.reconcile import is_subset
+from vllm_operator.controller.reconcile import is_subset
 
 pytestmark = pytest.mark.apiserver
 

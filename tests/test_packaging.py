@@ -23,7 +23,7 @@ import yaml
 from packaging.requirements import Requirement  # pytest's own dependency
 from packaging.utils import canonicalize_name
 
-from e2e.controlplane import KUBE_VERSION
+from tests.harness.controlplane import KUBE_VERSION
 from vllm_operator import cli, packaging
 from vllm_operator.api import MIN_KUBERNETES_VERSION as MIN_VERSION
 
@@ -369,7 +369,9 @@ def test_wheel_requires_exactly_the_declared_runtime_dependencies(wheel):
     for data in ("vllm_operator/argocd_health.lua", "vllm_operator/vllm_flags.json"):
         assert data in names, data
     assert any(n.startswith("vllm_operator/catalog/") and n.endswith(".yaml") for n in names)
-    assert not any(n.startswith(("tests/", "e2e/")) for n in names)
+    assert not any(n.startswith(("tests/", "tools/", "bench/")) for n in names)
+    for package in ("controller", "informers", "kopfext", "autoscaler", "catalog"):
+        assert f"vllm_operator/{package}/__init__.py" in names, package
 
 
 def test_runtime_dependency_closure_has_no_ml_stack():

@@ -6,7 +6,7 @@ import json
 
 import kopf
 
-from vllm_operator.persistence import MemoryDiffBaseStorage, ProgressAnnotationsStorage
+from vllm_operator.kopfext.persistence import MemoryDiffBaseStorage, ProgressAnnotationsStorage
 
 PREFIX = "vllm-operator.io"
 FINALIZER = f"{PREFIX}/finalizer"

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.controlplane import wait_for
-from e2e.operator_process import OperatorProcess
+from tests.harness.controlplane import wait_for
+from tests.harness.operator_process import OperatorProcess
 from vllm_operator import podsecurity
-from vllm_operator.kube import Kube
+from vllm_operator.controller.kube import Kube
 
 pytestmark = pytest.mark.apiserver
 

@@ -26,7 +26,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from vllm_operator import api, packaging, reconcile
+from vllm_operator import api, packaging
+from vllm_operator.controller import reconcile
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -189,7 +190,7 @@ def test_helm_installs_the_chart_the_release_workflow_pushes_at_the_charts_versi
 def test_the_chart_pushed_as_the_release_workflow_does_is_what_the_readme_installs(commands, tmp_path):
     """`helm package` and `helm push` to CHART_REPOSITORY as the workflow runs them, into a real OCI registry
     standing in for ghcr.io: the README's reference and version pull the checkout's chart back."""
-    from e2e.oci_registry import OciRegistry
+    from tests.harness.oci_registry import OciRegistry
 
     hp = packaging.helm_python()
     env = workflow_env()
@@ -300,8 +301,8 @@ def test_curl_asks_the_forwarded_port_for_the_served_model(commands):
 @pytest.mark.apiserver
 def test_the_kubectl_commands_on_the_api_server(control_plane, operator, commands, k8s):
     """Secret, apply and wait as the README writes them, with the built kubectl and the operator."""
-    from e2e.controlplane import KUBECTL
-    from e2e.fakekubelet import FakeKubelet
+    from tests.harness.controlplane import KUBECTL
+    from tests.harness.fakekubelet import FakeKubelet
 
     cp = control_plane
     path, example = the_example(commands)
@@ -352,7 +353,7 @@ def test_the_kubectl_commands_on_the_api_server(control_plane, operator, command
 @pytest.mark.vllm
 def test_the_curl_gets_a_chat_completion_from_vllm(commands, tmp_path):
     """The README's curl, verbatim but for the address, against a real vLLM serving the example's model name."""
-    from e2e.vllm_env import free_port, start_vllm
+    from tests.harness.vllm_env import free_port, start_vllm
 
     path, _ = the_example(commands)
     name = served_name(plan_of(path))

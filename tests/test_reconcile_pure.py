@@ -5,11 +5,10 @@ from __future__ import annotations
 import copy
 import json
 
-from e2e.memory_world import NS, World
-from vllm_operator.kube import ApiError
+from tests.harness.memory_world import NS, World
+from vllm_operator.controller.kube import ApiError
 from vllm_operator.conditions import condition, set_condition
-from vllm_operator.reconcile import (HASH_ANNOTATION, is_subset, up_to_date, with_hash,
-                                     workload_progress)
+from vllm_operator.controller.reconcile import HASH_ANNOTATION, is_subset, up_to_date, with_hash, workload_progress
 
 
 def test_subset_ignores_server_defaults_but_not_changes():

@@ -1,6 +1,6 @@
 """The release workflow (.github/workflows/release.yaml), which cannot run here (no Docker engine, no GitHub).
 
-What can be proven here is: actionlint (built from its Go module by e2e/actionlint-build.sh) and Debian's
+What can be proven here is: actionlint (built from its Go module by tools/actionlint-build.sh) and Debian's
 shellcheck find nothing in it, and do find what is planted in a broken copy; its version check step,
 run by bash on copies of the checkout, passes for the chart's tag and fails, naming the file, for a tag or
 a file that disagrees; the image goes where the chart's defaults pull from and the chart to an OCI
@@ -62,7 +62,7 @@ def values() -> dict:
 @pytest.fixture(scope="module")
 def actionlint() -> str:
     """actionlint built from its pinned Go module (cached; nothing to do once built)."""
-    p = subprocess.run(["bash", str(ROOT / "e2e" / "actionlint-build.sh")], capture_output=True, text=True,
+    p = subprocess.run(["bash", str(ROOT / "tools" / "actionlint-build.sh")], capture_output=True, text=True,
                        timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout.strip().splitlines()[-1]
@@ -72,7 +72,7 @@ def actionlint() -> str:
 def shellcheck() -> str:
     found = shutil.which("shellcheck")
     if found is None:
-        raise RuntimeError("shellcheck is not installed (apt-get install shellcheck; e2e/run-tests.sh does it)")
+        raise RuntimeError("shellcheck is not installed (apt-get install shellcheck; tools/run-tests.sh does it)")
     return found
 
 

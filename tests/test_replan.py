@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from vllm_operator import replan
-from vllm_operator.reconcile import HASH_ANNOTATION, is_subset, with_hash
+from vllm_operator.controller import replan
+from vllm_operator.controller.reconcile import HASH_ANNOTATION, is_subset, with_hash
 
 
 def workload(args: list[str], **pod) -> dict:

@@ -4,13 +4,13 @@ Real parts: kube-apiserver + kube-controller-manager (its endpointslice controll
 EndpointSlices from the pods' podIP, readiness and deletionTimestamp), the operator process autoscaling a
 VLLMServer from its pods' /metrics, real vLLM servers as the pods, started by the fake kubelet with the
 pods' own --max-num-seqs, --max-model-len and --shutdown-timeout, and streaming completions sent the way a
-Service sends them (e2e/servicelb.py: the ready endpoints of its EndpointSlices, re-read every 0.25 s, a
+Service sends them (tests/harness/servicelb.py: the ready endpoints of its EndpointSlices, re-read every 0.25 s, a
 new connection per request). The fake kubelet terminates a pod as a kubelet does (graceful=True): the
 container's preStop sleep, SIGTERM to vLLM's API server with the grace period left, SIGKILL at its end,
 then the pod's deletion.
 
 The API server refuses loopback addresses in EndpointSlices, so this module runs in a network namespace of
-its own (e2e/netns.py) with the pod addresses on its lo: its own control plane, operator and vLLM servers;
+its own (tests/harness/netns.py) with the pod addresses on its lo: its own control plane, operator and vLLM servers;
 nothing of the host's network changes.
 
 1. Two pods serve (minReplicas 2). CLIENTS clients stream completions of MAX_TOKENS tokens through the
@@ -41,12 +41,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from e2e import netns, vllm_env
-from e2e.controlplane import ControlPlane, ensure_binaries, wait_for
-from e2e.fakekubelet import FakeKubelet
-from e2e.operator_process import OperatorProcess
-from e2e.servicelb import LOST, EndpointSliceRouter, StreamingLoad
-from vllm_operator.kube import Kube
+from tests.harness import netns, vllm_env
+from tests.harness.controlplane import ControlPlane, ensure_binaries, wait_for
+from tests.harness.fakekubelet import FakeKubelet
+from tests.harness.operator_process import OperatorProcess
+from tests.harness.servicelb import LOST, EndpointSliceRouter, StreamingLoad
+from vllm_operator.controller.kube import Kube
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.vllm, pytest.mark.story]
 

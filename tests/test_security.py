@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from vllm_operator import api, builders, pipeline, planner
 from vllm_operator.planner import CREDENTIAL_FLAGS
 
-from test_fuzz import plausible  # noqa: E402  (tests/ is on sys.path: pytest's rootdir conftest)
+from tests.test_fuzz import plausible
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""The streaming load's bookkeeping (e2e/servicelb.py), against small local SSE servers: a whole stream is
+"""The streaming load's bookkeeping (tests/harness/servicelb.py), against small local SSE servers: a whole stream is
 completed, and every way a stream is lost (refused, HTTP error, broken, cut with [DONE] but no finish, fewer
 tokens than asked, no endpoint at all) is counted lost with its reason; stop() counts what it cancels apart."""
 
@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from e2e.controlplane import wait_for
-from e2e.servicelb import CANCELLED, COMPLETED, LOST, StreamingLoad
+from tests.harness.controlplane import wait_for
+from tests.harness.servicelb import CANCELLED, COMPLETED, LOST, StreamingLoad
 
 TOKENS = 5
 

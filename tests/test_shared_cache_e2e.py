@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.controlplane import wait_for
-from e2e.operator_install import condition, get_server, kubectl_apply, load_example
+from tests.harness.controlplane import wait_for
+from tests.harness.operator_install import condition, get_server, kubectl_apply, load_example
 
 pytestmark = [pytest.mark.apiserver]
 

@@ -1,7 +1,7 @@
 """A tenant who may create VLLMServers can neither read what the operator reaches nor stop it.
 
 Every test is one attack, through the field a tenant controls, against a local server that answers as the
-tenant would (e2e/hostile_http.py): SECRET stands for a page only the operator reaches, and must never come
+tenant would (tests/harness/hostile_http.py): SECRET stands for a page only the operator reaches, and must never come
 back in a Sample, a plan problem, a status or an Event.
 """
 
@@ -18,14 +18,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from e2e.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
+from tests.harness.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
 from vllm_operator import api, catalog, pipeline
 from vllm_operator.autoscaler import actuator, metrics
-from vllm_operator.autoscaler.metrics import (MAX_METRICS_BYTES, PARSE_SECONDS, PodRef, PodsSource,
-                                              PrometheusSource, parse_vllm_metrics)
-from test_autoscaler_actuator import ROOT, FakeKube
-from test_autoscaler_metrics import VLLM_METRICS
-from test_catalog import LLAMA_31_8B
+from vllm_operator.autoscaler.metrics import (MAX_METRICS_BYTES, PARSE_SECONDS, PodRef, PodsSource, PrometheusSource,
+    parse_vllm_metrics)
+from tests.test_autoscaler_actuator import ROOT, FakeKube
+from tests.test_autoscaler_metrics import VLLM_METRICS
+from tests.test_catalog import LLAMA_31_8B
 
 SLOW = Reply(200, VLLM_METRICS.encode(), trickle=0.1)  # a byte every 0.1 s: no single read is slow
 

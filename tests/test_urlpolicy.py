@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from vllm_operator import api, cli, kvcapacity, operator_main, pipeline
+from vllm_operator import api, cli, operator_main, pipeline
+from vllm_operator.controller import kvcapacity
 from vllm_operator.autoscaler import actuator
 from vllm_operator.urlpolicy import PUBLIC_HUB, URLPolicy, allows
 

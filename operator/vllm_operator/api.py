@@ -47,7 +47,7 @@ def allows_unsafe_args(metadata: Any) -> bool:
 
 #: The oldest Kubernetes the operator runs on (README, the chart's kubeVersion, checked at start): CRD validation
 #: rules with fieldPath and the quantity library, ValidatingAdmissionPolicy v1 (1.30), policy/v1, autoscaling/v2.
-#: The tests run on the release e2e/testbed/kube/go.mod pins.
+#: The tests run on the release tools/testbed/kube/go.mod pins.
 MIN_KUBERNETES_VERSION = (1, 30)
 
 

