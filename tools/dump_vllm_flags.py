@@ -12,7 +12,7 @@ from pathlib import Path
 
 from vllm_operator import vllm_flags
 
-from .vllm_env import ensure_vllm
+from tests.harness.vllm_env import ensure_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "operator" / "vllm_operator" / "vllm_flags.json"
