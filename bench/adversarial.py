@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT)]
 
 from tests.harness.hostile_http import HostileServer, Reply, redirect_to, secret_page  # noqa: E402
-from vllm_operator import api, catalog, fetch, planner  # noqa: E402
+from vllm_operator import api, catalog, fetch, validation  # noqa: E402
 from vllm_operator.autoscaler import metrics  # noqa: E402
 from tests.test_autoscaler_metrics import VLLM_METRICS  # noqa: E402 - vLLM 0.32's /metrics shape
 
@@ -96,10 +96,10 @@ def credential_inputs(sizes: list[int]) -> list[tuple[str, str]]:
 
 
 def bench_credentials(sizes: list[int]) -> None:
-    header("credential check (planner._CREDENTIAL_VALUE.search) on one string", "input", "old", "new", "old/new")
+    header("credential check (validation._CREDENTIAL_VALUE.search) on one string", "input", "old", "new", "old/new")
     for label, text in credential_inputs(sizes):
         old, _ = timed(lambda: OLD_CREDENTIAL_VALUE.search(text))
-        new, _ = timed(lambda: planner._CREDENTIAL_VALUE.search(text))
+        new, _ = timed(lambda: validation._CREDENTIAL_VALUE.search(text))
         row(label, f"{old:.3f} s", f"{new * 1000:.2f} ms", ratio(old, new))
 
 

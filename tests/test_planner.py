@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from vllm_operator import api, catalog, pipeline, planner, vllm_flags
+from vllm_operator import api, catalog, pipeline, planner, validation, vllm_flags
 from vllm_operator.planner import GiB, Plan
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -361,7 +361,7 @@ def test_fp8_weights_are_about_half():
     assert full.weight_bytes_total / fp8.weight_bytes_total == pytest.approx(2.0, rel=0.05)
 
 
-@pytest.mark.parametrize("quantization", sorted(planner.UNSUPPORTED_QUANTIZATION))
+@pytest.mark.parametrize("quantization", sorted(validation.UNSUPPORTED_QUANTIZATION))
 def test_quantization_vllm_does_not_have(quantization):
     plan = plan_for({"name": LLAMA_8B, "quantization": quantization})
     [msg] = messages(plan, "spec.model.quantization")
@@ -846,7 +846,7 @@ def test_max_below_min_replicas_is_refused_whether_autoscaling_is_on_or_not():
     ("registry.corp/vllm-openai:v0.32.0-cu130", "0.32.0"), ("vllm/vllm-openai:latest", None), ("registry.corp/vllm@sha256:" + "ab" * 32, None),
 ])
 def test_the_vllm_release_an_image_names(image, version):
-    assert planner.image_vllm_version(image) == version
+    assert validation.image_vllm_version(image) == version
 
 
 def test_another_vllm_release_gets_its_new_flags_checked_loosely():

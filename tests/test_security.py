@@ -16,8 +16,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_operator import api, builders, pipeline, planner
-from vllm_operator.planner import CREDENTIAL_FLAGS
+from vllm_operator import api, builders, pipeline, validation
+from vllm_operator.validation import CREDENTIAL_FLAGS
 
 from tests.test_fuzz import plausible
 
@@ -132,13 +132,13 @@ SEPARATORS = st.sampled_from(["", " ", "a", "-", ":", "/", "@", ".", "\n", "eyJ"
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(SHAPES | SEPARATORS, max_size=5).map("".join))
 def test_the_linear_credential_check_finds_exactly_what_the_quadratic_one_did(text):
-    assert bool(planner._CREDENTIAL_VALUE.search(text)) == bool(QUADRATIC_CREDENTIAL_VALUE.search(text)), text
+    assert bool(validation._CREDENTIAL_VALUE.search(text)) == bool(QUADRATIC_CREDENTIAL_VALUE.search(text)), text
 
 
 @pytest.mark.parametrize("kind", sorted(TOKENS))
 def test_every_token_shape_is_still_found_inside_other_text(kind):
     for text in (TOKENS[kind], f"note: {TOKENS[kind]} (rotated)", f"x{TOKENS[kind]}", f"a-{TOKENS[kind]}"):
-        assert planner._CREDENTIAL_VALUE.search(text), text
+        assert validation._CREDENTIAL_VALUE.search(text), text
 
 
 @pytest.mark.parametrize("text", ["a" * 2**17, "eyJ" * 2**15, "a://b:" + "c" * 2**17, "-----BEGIN " + "A" * 2**17,

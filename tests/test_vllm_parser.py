@@ -19,7 +19,7 @@ from typing import Any, get_args
 
 import pytest
 
-from vllm_operator import api, catalog, pipeline, planner, vllm_flags
+from vllm_operator import api, catalog, pipeline, validation, vllm_flags
 from vllm_operator.planner import Plan
 
 #: Every test here runs vLLM's parser but the snapshot check, which needs only vllm_flags.json.
@@ -98,7 +98,7 @@ def variant_plans() -> list[Plan]:
     for variant in VARIANTS:
         plans.append(plan_of({**base, **variant}))
     for quantization in get_args(api.Quantization):
-        if quantization not in planner.UNSUPPORTED_QUANTIZATION:
+        if quantization not in validation.UNSUPPORTED_QUANTIZATION:
             plans.append(plan_of({**base, "model": {"name": "Qwen/Qwen2.5-7B-Instruct",
                                                     "quantization": quantization}}))
     return plans
@@ -199,7 +199,7 @@ def test_every_flag_the_planner_derives_is_in_the_parser_snapshot():
         assert snapshot_problems(own) == [], (plan.name, own)
         derived |= {a for a in own if a.startswith("--")}
     assert {"--shutdown-timeout", "--max-num-queued-reqs", "--max-model-len"} <= derived
-    assert derived - {"--host", "--port", "--model"} <= set(planner.OWNED_FLAGS), "a derived flag extraArgs could set"
+    assert derived - {"--host", "--port", "--model"} <= set(validation.OWNED_FLAGS), "a derived flag extraArgs could set"
 
 
 GOOD = ["meta-llama/Llama-3.1-8B-Instruct", "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "8192"]
@@ -211,8 +211,8 @@ def test_flags_the_planner_refuses_are_refused_by_vllm():
     """The known-bad flags and missing quantization methods really make vLLM exit: refusing them is right."""
     from tests.harness.vllm_env import check_args
 
-    bad = [[*GOOD, flag, "4"] for flag in planner.KNOWN_BAD_FLAGS]
-    bad += [[*GOOD, "--quantization", q] for q in planner.UNSUPPORTED_QUANTIZATION]
+    bad = [[*GOOD, flag, "4"] for flag in validation.KNOWN_BAD_FLAGS]
+    bad += [[*GOOD, "--quantization", q] for q in validation.UNSUPPORTED_QUANTIZATION]
     results = check_args([GOOD, *bad])
     assert results[0]["ok"], results[0]
     for argv, result in zip(bad, results[1:]):
@@ -243,7 +243,7 @@ def test_extra_args_verdicts_agree_with_vllm():
     results = check_args([[*GOOD, *extra] for extra in EXTRA_ARGS_CASES])
     disagreements = []
     for extra, result in zip(EXTRA_ARGS_CASES, results):
-        planner_ok = not planner.check_extra_args(extra)
+        planner_ok = not validation.check_extra_args(extra)
         if planner_ok != result["ok"]:
             disagreements.append((extra, planner_ok, result["error"]))
     assert not disagreements

@@ -15,8 +15,6 @@ gpu.reservedMemory outside. Every constant is in `ASSUMPTIONS`, with its source.
 from __future__ import annotations
 
 import math
-import re
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -26,9 +24,8 @@ from .autoscaler.policy import TOLERANCE
 from .catalog import ResolvedModel
 from .gpus import GPUSelection, select_gpu
 from .urlpolicy import URLPolicy
-
-#: The values spec.model.quantization may take.
-QUANTIZATION_CHOICES = typing.get_args(api.Quantization)
+from .validation import (UNSAFE_FLAGS, Problem, check_spec, hardware_problems, image_vllm_version,
+                         quantization_problems, unchecked_extra_args)
 
 GiB = 2**30
 MiB = 2**20
@@ -109,93 +106,7 @@ BYTES_PER_WEIGHT = {
     "compressed-tensors": 1.0,  # W8A8 is the common case; 4-bit checkpoints are smaller
 }
 
-#: Flags the planner derives or the pod needs fixed: extraArgs may not set them.
-OWNED_FLAGS: dict[str, str] = {
-    "--model": "spec.model.name",
-    "--host": "the pod (probes and Services need 0.0.0.0)",
-    "--port": "the pod (probes and Services need port 8000)",
-    "--tensor-parallel-size": "spec.gpu.count",
-    "-tp": "spec.gpu.count",
-    "--max-model-len": "spec.engine.maxModelLen",
-    "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
-    "--max-num-seqs": "spec.engine.maxNumSeqs",
-    "--max-num-batched-tokens": "spec.engine.maxNumBatchedTokens",
-    "--kv-cache-dtype": "spec.engine.kvCacheDtype",
-    "--enable-prefix-caching": "spec.engine.enablePrefixCaching",
-    "--no-enable-prefix-caching": "spec.engine.enablePrefixCaching",
-    "--enforce-eager": "spec.engine.enforceEager",
-    "--no-enforce-eager": "spec.engine.enforceEager",
-    "--served-model-name": "spec.model.servedName",
-    "--quantization": "spec.model.quantization",
-    "-q": "spec.model.quantization",
-    "--dtype": "spec.model.dtype",
-    "--revision": "spec.model.revision",
-    "--download-dir": "spec.cache (HF_HOME)",
-    "--chat-template": "spec.engine.chatTemplate (checked before it is applied)",
-    "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
-    "--max-num-queued-reqs": "spec.engine.maxNumQueuedReqs (checked against the autoscaler's target)",
-}
-
-#: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
-KNOWN_BAD_FLAGS: dict[str, str] = {
-    "--swap-space": "was removed with the V0 engine; drop it",
-    "--prefill-chunk-size": "does not exist; chunked prefill is sized by engine.maxNumBatchedTokens",
-    "--gpu-memory-utilization-gpu0": "does not exist; use engine.gpuMemoryUtilization (one value for all GPUs)",
-}
-
-#: spec.model.quantization values the API accepts but the pinned vLLM does not (ModelConfig refuses them at start).
-UNSUPPORTED_QUANTIZATION: dict[str, str] = {
-    "bitsandbytes": "bitsandbytes quantization was removed from vLLM; serve an AWQ, GPTQ or FP8 checkpoint instead",
-    "gguf": "GGUF is no longer a vLLM quantization method; serve the original or an AWQ/GPTQ/FP8 checkpoint",
-}
-
-#: Values that are credentials whatever field they are in: Hugging Face, OpenAI/Anthropic-style, GitHub, AWS,
-#: Slack and JWT tokens, PEM private keys, and URLs with a password. Searched in every string of a tenant's
-#: spec, so in time linear in its length whatever it holds (bench/adversarial.py): a token's minimum length is
-#: enough to find it ({16}, not {16,}); a JWT is looked for once per run of its characters, from the run's first
-#: "eyJ", which has the most characters after it (from every "eyJ", 'eyJeyJ...' cost the square of its length);
-#: a URL's scheme is taken from its last letter (from every letter, a run of them did); the possessive
-#: quantifiers never give back what their class cannot contain anyway.
-_CREDENTIAL_VALUE = re.compile(
-    r"hf_[A-Za-z0-9]{16}|sk-[A-Za-z0-9_-]{16}|gh[pousr]_[A-Za-z0-9]{20}|github_pat_[A-Za-z0-9_]{20}"
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10}"
-    r"|(?<![A-Za-z0-9_-])(?>[A-Za-z0-9_-]*?eyJ)[A-Za-z0-9_-]{8,}+\.eyJ[A-Za-z0-9_-]{8,}+\."
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----|[a-z][0-9+.-]*+://[^/\s:@]++:[^/\s@]++@")
-#: Flags whose value is a credential: a literal one would sit in the spec (and in `ps` inside the pod).
-CREDENTIAL_FLAGS: dict[str, str] = {
-    "--api-key": "set engine.env [{name: VLLM_API_KEY, valueFrom: {secretKeyRef: {name: ..., key: ...}}}] "
-                 "instead: vLLM reads the key from VLLM_API_KEY",
-    "--hf-token": "set spec.hfTokenSecretRef instead: the operator passes the Secret's key as HF_TOKEN",
-}
-#: Flags the pod depends on (probes and Services): extraArgs may set them only with the escape-hatch
-#: annotation api.ALLOW_UNSAFE_ARGS_ANNOTATION (docs/security.md).
-UNSAFE_FLAGS = ("--host", "--port")
 DEFAULT_PORT = api.VLLM_PORT
-_CREDENTIAL_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
-#: Environment the operator sets; engine.env may not override it.
-OWNED_ENV = set(api.OWNED_ENV)
-#: Environment the GPU device plugin owns: it names the GPUs allocated to the container (gpu.count of them);
-#: engine.env may not set it.
-DEVICE_PLUGIN_ENV: dict[str, str] = {
-    "CUDA_VISIBLE_DEVICES": "the NVIDIA device plugin exposes exactly the spec.gpu.count GPUs allocated to the "
-                            "container; renumbering or hiding them here makes vLLM start on fewer GPUs than it "
-                            "shards over, or on none",
-    "NVIDIA_VISIBLE_DEVICES": "the NVIDIA device plugin sets it to the GPUs allocated to the container; the NVIDIA "
-                              "container runtime mounts whatever it names, so a value such as 'all' would hand the "
-                              "server every GPU of the node, including those allocated to other pods",
-}
-MAX_NAME_LENGTH = api.MAX_NAME_LENGTH
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Something that stops the server from being deployed, with the field to change."""
-
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -379,336 +290,12 @@ def valid_tp_sizes(arch: api.ModelArchitecture, limit: int = 16) -> list[int]:
     return [d for d in _divisors(arch.num_attention_heads, limit) if tp_shards_evenly(arch, d)]
 
 
-# --------------------------------------------------------------------------- validation
-def credential_problems(spec: VLLMServerSpec) -> list[Problem]:
-    """Every string in the spec that looks like a credential, by field path (the spec is readable by anyone
-    who can read the VLLMServer, and it is copied into the pod template)."""
-    problems: list[Problem] = []
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if isinstance(key, str) and _CREDENTIAL_VALUE.search(key):
-                    problems.append(Problem(path, "a key looks like a credential in plaintext"))
-                walk(value, f"{path}.{key}")
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, f"{path}[{i}]")
-        elif isinstance(node, str) and _CREDENTIAL_VALUE.search(node):
-            problems.append(Problem(path, "looks like a credential in plaintext; anyone who can read the VLLMServer "
-                                    "can read it. Put it in a Secret and reference it: spec.hfTokenSecretRef for the "
-                                    "Hugging Face token, engine.env[].valueFrom.secretKeyRef for anything else"))
-
-    dumped = spec.model_dump(by_alias=True, exclude_none=True)
-    dumped.get("engine", {}).pop("env", None)  # check_spec words it per variable
-    walk(dumped, "spec")
-    return problems
-
-
-def flag_like_values(spec: VLLMServerSpec) -> list[Problem]:
-    """Spec values that become vLLM arguments and start with '-': vLLM would read them as flags. The API's
-    pattern refuses them already; this holds for a spec built without validation too (model_construct)."""
-    values = (("spec.model.name", spec.model.name, "the model"),
-              ("spec.model.servedName", spec.model.served_name, "--served-model-name's value"),
-              ("spec.model.revision", spec.model.revision, "--revision's value"))
-    return [Problem(where, f"{value!r} starts with '-': vLLM would read it as a flag, not as {what}")
-            for where, value, what in values if value and value.startswith("-")]
-
-
-#: model.quantization methods that need weights quantized beforehand -> the checkpoint method they read.
-PREQUANTIZED = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq",
-                "compressed-tensors": "compressed-tensors", "gguf": "gguf"}
-
-
 def weights_quantization(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> str:
     """The quantization the weights are sized with: the spec's, or with none the checkpoint's own."""
     checkpoint = arch.quantization
     if spec.model.quantization == "none" and checkpoint in BYTES_PER_WEIGHT and checkpoint != "none":
         return checkpoint
     return spec.model.quantization
-
-
-def quantization_problems(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> list[Problem]:
-    """model.quantization against the checkpoint's own (known only from its config.json), as vLLM 0.32 checks
-    them at start: a method that needs quantized weights on a 16-bit checkpoint, or another method than the
-    checkpoint's (awq_marlin and gptq_marlin read awq and gptq checkpoints; fp8 also quantizes 16-bit weights as
-    they load)."""
-    checkpoint, wanted = arch.quantization, spec.model.quantization
-    if checkpoint is None or wanted == "none":
-        return []
-    field = "spec.model.quantization"
-    if checkpoint == "none":
-        if wanted in PREQUANTIZED:
-            return [Problem(field, f"{wanted} needs a checkpoint quantized with {PREQUANTIZED[wanted]}, and "
-                            f"{spec.model.name}'s config.json has no quantization_config (its weights are 16-bit): "
-                            "serve it with quantization none or fp8 (quantized as it loads), or name a "
-                            f"{PREQUANTIZED[wanted].upper()} checkpoint")]
-        return []
-    if PREQUANTIZED.get(wanted, wanted) != checkpoint:
-        said = "a method vLLM does not know here" if checkpoint == "other" else checkpoint
-        return [Problem(field, f"{wanted} contradicts the checkpoint, whose config.json says it is quantized with "
-                        f"{said}: set quantization none (vLLM then reads the checkpoint's method)"
-                        + (f" or {checkpoint}" if checkpoint != "other" else ""))]
-    return []
-
-
-def _capability(gpu: Any) -> int:
-    major, _, minor = str(gpu.compute_capability).partition(".")
-    return int(major) * 10 + int(minor or 0)
-
-
-def hardware_problems(spec: VLLMServerSpec, gpu: GPUSelection) -> list[Problem]:
-    """What the GPU's compute capability rules out, as vLLM gates it (vllm_flags.json, read from the release's
-    own code: each quantization method's get_min_capability, CudaPlatform.check_if_supports_dtype). Checked
-    against the oldest product the pods may land on; an unknown product (gpu.memory given) is not checked."""
-    if not gpu.products:
-        return []
-    oldest = min(gpu.products, key=_capability)
-    have, name = _capability(oldest), oldest.product
-    out = []
-    bf16 = vllm_flags.bfloat16_min_capability()
-    if spec.model.dtype == "bfloat16" and have < bf16:
-        out.append(Problem("spec.model.dtype", f"bfloat16 needs compute capability {bf16 / 10:.1f} in vLLM "
-                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: use float16, or auto (vLLM then "
-                           "runs a bfloat16 checkpoint as float16)"))
-    method = spec.model.quantization
-    need = vllm_flags.quantization_min_capability(method) if method != "none" else None
-    if need is not None and have < need:
-        usable = sorted(m for m in QUANTIZATION_CHOICES if m != "none" and m not in UNSUPPORTED_QUANTIZATION
-                        and (vllm_flags.quantization_min_capability(m) or 1000) <= have)
-        out.append(Problem("spec.model.quantization", f"{method} needs compute capability {need / 10:.1f} in vLLM "
-                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: "
-                           + (f"a checkpoint quantized with {', '.join(usable)} runs there" if usable
-                              else "no quantization method of vLLM runs there")))
-    return out
-
-
-def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None,
-               allow_unsafe_args: bool = False, urls: Optional[URLPolicy] = None) -> list[Problem]:
-    """Semantic checks the CRD schema cannot express. Pure. `urls`: the operator's URL settings (urlpolicy.py;
-    spec.model.configURL is checked before it is fetched, in pipeline.plan_server)."""
-    problems: list[Problem] = []
-    add = lambda f, m: problems.append(Problem(f, m))  # noqa: E731
-
-    if name[:1].isdigit():
-        add("metadata.name", f"{name!r} starts with a digit; the client Service is named after the server and "
-            "Service names must start with a letter (DNS-1035)")
-    if len(name) > MAX_NAME_LENGTH:
-        add("metadata.name", f"{len(name)} characters is too long: at most {MAX_NAME_LENGTH}, because pod labels derived "
-            "from it are limited to 63 characters")
-    a = spec.autoscaling
-    if a.max_replicas is not None and a.max_replicas < a.min_replicas:  # as the CRD's rule: enabled or not
-        add("spec.autoscaling.maxReplicas", f"{a.max_replicas} is below minReplicas {a.min_replicas}")
-    if a.enabled:
-        if spec.workload == "DaemonSet":
-            add("spec.autoscaling.enabled", "autoscaling needs workload: StatefulSet; a DaemonSet runs one server per "
-                "matching node, so its size follows the nodes (set autoscaling.enabled: false or workload: StatefulSet)")
-        if a.max_replicas is None:
-            add("spec.autoscaling.maxReplicas", "required when autoscaling is enabled")
-        if a.source == "Prometheus" and a.mode == "Operator" and not (a.prometheus_url or default_prometheus_url):
-            add("spec.autoscaling.prometheusURL", "source: Prometheus needs prometheusURL (or the operator's "
-                "--prometheus-url default)")
-        if a.prometheus_url and urls is not None and (why := urls.prometheus_problem(a.prometheus_url)):
-            add("spec.autoscaling.prometheusURL", why)
-        if a.mode == "KEDA" and not (a.prometheus_url or default_prometheus_url):
-            add("spec.autoscaling.prometheusURL", "mode: KEDA needs prometheusURL (or the operator's "
-                "--prometheus-url default): the ScaledObject's Prometheus trigger queries it")
-    if spec.host_network and spec.workload != "DaemonSet":
-        add("spec.hostNetwork", "only a DaemonSet may use the node's network (replicas of a StatefulSet would "
-            "collide on port 8000)")
-    if spec.cache is not None:
-        c = spec.cache
-        if c.claim_name and (c.size or c.storage_class_name):
-            add("spec.cache", "set either claimName (an existing claim) or size/storageClassName (a new claim per "
-                "replica), not both")
-        elif not c.claim_name and not c.size:
-            add("spec.cache", "set size (a new claim per replica) or claimName (an existing claim)")
-        elif c.shared and not c.size:
-            add("spec.cache.shared", "shared needs size (the claim the operator creates for every replica); a "
-                "claimName is shared as it is")
-        elif c.size and not c.shared and spec.workload == "DaemonSet":
-            add("spec.cache.size", "a DaemonSet cannot create a claim per pod; set cache.shared (one ReadWriteMany "
-                "claim for every node) or use cache.claimName (ReadWriteMany or ReadOnlyMany)")
-    problems.extend(credential_problems(spec))
-    problems.extend(flag_like_values(spec))
-    for i, env in enumerate(spec.engine.env):
-        where = f"spec.engine.env[{i}]"
-        if env.name in DEVICE_PLUGIN_ENV:
-            add(where, f"{env.name} may not be set: {DEVICE_PLUGIN_ENV[env.name]}. Choose the GPUs with spec.gpu "
-                "(count, product)")
-        elif env.name in OWNED_ENV:
-            add(where, f"{env.name} is set by the operator; use hfTokenSecretRef for tokens and cache for HF_HOME")
-        elif env.value_from is not None and env.value:
-            add(where, f"{env.name}: set value or valueFrom, not both")
-        elif _CREDENTIAL_VALUE.search(env.value) or (_CREDENTIAL_NAME.search(env.name) and env.value):
-            add(where, f"{env.name} looks like a credential in plaintext; anyone who can read the VLLMServer can read "
-                "it. Put it in a Secret and reference it with spec.hfTokenSecretRef (the Hugging Face token) or "
-                "valueFrom.secretKeyRef")
-    if spec.model.quantization in UNSUPPORTED_QUANTIZATION:
-        add("spec.model.quantization", f"vLLM {vllm_flags.VERSION} has no quantization method "
-            f"{spec.model.quantization!r} and would exit at start: "
-            f"{UNSUPPORTED_QUANTIZATION[spec.model.quantization]}")
-    gpu_resources = {k for k in [*spec.resources.requests, *spec.resources.limits]
-                     if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-")}
-    for key in sorted(gpu_resources):
-        add("spec.resources", f"{key} comes from spec.gpu (count, migProfile); remove it from resources")
-    sizes = [("spec.gpu.memory", spec.gpu.memory), ("spec.gpu.reservedMemory", spec.gpu.reserved_memory),
-             ("spec.shmSize", spec.shm_size), ("spec.cache.size", spec.cache.size if spec.cache else None)]
-    sizes += [(f"spec.resources.{side}.{k}", v) for side, values in (("requests", spec.resources.requests),
-                                                                     ("limits", spec.resources.limits))
-              for k, v in values.items()]
-    for where, value in sizes:
-        if value is not None and parse_quantity(value) < 0:
-            add(where, f"{value} is negative")
-    for i, t in enumerate(spec.tolerations):
-        where = f"spec.tolerations[{i}]"
-        if t.operator == "Exists" and t.value:
-            add(f"{where}.value", "must be empty with operator: Exists")
-        if not t.key and t.operator != "Exists":
-            add(f"{where}.operator", "must be Exists when key is empty (a toleration of every taint)")
-        if t.toleration_seconds is not None and t.effect != "NoExecute":
-            add(f"{where}.tolerationSeconds", "applies to effect: NoExecute only")
-        if t.value and not re.match(api.LABEL_VALUE_PATTERN, t.value) or (t.value and len(t.value) > 63):
-            add(f"{where}.value", f"{t.value!r} is not a label value (at most 63 letters, digits, '-', '_' or '.')")
-    for key in set(spec.resources.requests) & set(spec.resources.limits):
-        if parse_quantity(spec.resources.requests[key]) > parse_quantity(spec.resources.limits[key]):
-            add(f"spec.resources.requests.{key}", f"{spec.resources.requests[key]} is above the limit "
-                f"{spec.resources.limits[key]}; Kubernetes refuses a request above its limit")
-    for key, request in spec.resources.requests.items():
-        if not overcommittable(key):
-            limit = spec.resources.limits.get(key)
-            if limit is None:
-                add(f"spec.resources.requests.{key}", f"{key} cannot be overcommitted, so Kubernetes needs a limit "
-                    f"equal to the request: set spec.resources.limits.{key} to {request} (or only the limit)")
-            elif parse_quantity(request) != parse_quantity(limit):
-                add(f"spec.resources.requests.{key}", f"{request} differs from the limit {limit}; {key} cannot be "
-                    "overcommitted, so Kubernetes refuses a request other than the limit")
-    problems.extend(check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args,
-                                     loose=image_vllm_version(spec.image) not in (None, vllm_flags.VERSION)))
-    return problems
-
-
-_IMAGE_VERSION = re.compile(r":v?(\d+\.\d+\.\d+(?:[.+-]?[0-9A-Za-z.]+)?)(?:@sha256:[0-9a-f]{64})?$")
-
-
-def image_vllm_version(image: str) -> Optional[str]:
-    """The vLLM release an image's tag names (vllm/vllm-openai:v0.33.1 -> 0.33.1), or None when it names none. A
-    build variant after '-' or '+' (v0.32.0-cu130) is the same release; rc1, dev, post are other ones."""
-    found = _IMAGE_VERSION.search(image.strip())
-    return re.split(r"[-+]", found.group(1))[0] if found else None
-
-
-def unchecked_extra_args(extra: list[str]) -> list[str]:
-    """The extraArgs flags the flag snapshot does not know (passed unchecked for another vLLM release)."""
-    return [flag for flag in (token.partition("=")[0] for token in extra)
-            if flag.startswith("--") and _snapshot_flag(flag)[2] is None]
-
-
-def _snapshot_flag(flag: str) -> tuple[str, Optional[str], Optional[vllm_flags.FlagInfo]]:
-    """(normalised flag, its JSON-valued parent for a dotted key such as --compilation-config.mode, what the
-    snapshot's parser knows of it, or None)."""
-    normal = vllm_flags.normalise(flag)
-    # --compilation-config.mode 3 sets one key of a JSON-valued flag (FlexibleArgumentParser).
-    dotted = normal.split(".", 1)[0].rstrip("+") if normal.startswith("--") and "." in normal else None
-    return normal, dotted, vllm_flags.flags().get(dotted or normal)
-
-
-def overcommittable(resource: str) -> bool:
-    """Whether Kubernetes lets a request be below the limit: native resources (cpu, memory, ephemeral-storage,
-    any *kubernetes.io/ name) but hugepages; extended resources (example.com/foo, devices) must be equal."""
-    native = "/" not in resource or "kubernetes.io/" in resource
-    return native and not resource.startswith("hugepages-")
-
-
-_NUMBER = re.compile(r"^-\.?[0-9]")
-
-
-def _is_value(token: str) -> bool:
-    """What argparse takes as an option's value: not a flag (negative numbers are values)."""
-    return not token.startswith("-") or bool(_NUMBER.match(token))
-
-
-def _values(extra: list[str], i: int, info: Optional[vllm_flags.FlagInfo]) -> list[str]:
-    """The values that follow a flag from extra[i]: one, or, for a flag with nargs "+" (`--allowed-media-domains
-    a b`), all up to the next flag. An unknown flag (info None) is taken to have one."""
-    end = i
-    while end < len(extra) and _is_value(extra[end]) and (end == i or (info is not None and info.multiple)):
-        end += 1
-    return extra[i:end]
-
-
-def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool = False) -> list[Problem]:
-    """Refuse flags vLLM does not have, flags the operator derives (--host/--port only with the escape-hatch
-    annotation: `allow_unsafe`) and credentials as flag values (one problem per flag).
-
-    `loose`: the image runs another vLLM release than the snapshot's: what only the snapshot's parser can tell
-    (a flag it lacks or has removed, a value outside its choices) is not refused, since that release may differ;
-    what the operator owns and credentials still are."""
-    problems: list[Problem] = []
-    i = 0
-    while i < len(extra):
-        token = extra[i]
-        where = f"spec.engine.extraArgs[{i}]"
-        i += 1
-        if _is_value(token):
-            problems.append(Problem(where, f"{token!r} is not a flag; extraArgs holds flags and their values, "
-                                    "like ['--seed', '1']"))
-            continue
-        flag, eq, inline = token.partition("=")
-        if flag.startswith("-O") and not flag.startswith("--") and flag != "-O":  # -O3: --optimization-level 3
-            flag, eq, inline = "--optimization-level", "=", flag[2:].lstrip("=") or inline
-        normal, dotted, info = _snapshot_flag(flag)
-        refusal = None
-        if loose and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
-                and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
-                and not (dotted and dotted in OWNED_FLAGS):
-            if not eq and i < len(extra) and _is_value(extra[i]):
-                i += len(_values(extra, i, info))
-            continue
-        if normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS:
-            refusal = f"{flag} {KNOWN_BAD_FLAGS.get(normal) or KNOWN_BAD_FLAGS[flag]}"
-        elif normal in CREDENTIAL_FLAGS:
-            refusal = (f"{flag} takes a credential, which must not be written in the spec (anyone who can read the "
-                       f"VLLMServer could read it); {CREDENTIAL_FLAGS[normal]}")
-        elif normal in UNSAFE_FLAGS and allow_unsafe:
-            pass  # the escape hatch: the user owns the pod's address (docs/security.md)
-        elif normal in UNSAFE_FLAGS:
-            refusal = (f"{flag} is fixed by the operator: {OWNED_FLAGS[normal]}. To set it anyway, annotate the "
-                       f"VLLMServer {api.ALLOW_UNSAFE_ARGS_ANNOTATION}: \"true\" (docs/security.md)")
-        elif normal in OWNED_FLAGS or flag in OWNED_FLAGS or (dotted and dotted in OWNED_FLAGS):
-            owner = OWNED_FLAGS.get(dotted or normal) or OWNED_FLAGS.get(flag)
-            refusal = f"{flag} is derived by the operator; set {owner} instead"
-        elif info is None:
-            refusal = f"vLLM {vllm_flags.VERSION} has no flag {flag}: the server would exit with code 2 and crash-loop"
-        if refusal:
-            problems.append(Problem(where, refusal))
-            # The refused flag's value(s) go with it; do not report them again as "not a flag".
-            if not eq and (info is None or info.takes_value):
-                i += len(_values(extra, i, info))
-            continue
-        assert info is not None
-        if dotted:
-            if not eq:
-                if i < len(extra) and _is_value(extra[i]):
-                    i += 1
-                else:
-                    problems.append(Problem(where, f"{flag} needs a value"))
-            continue
-        if eq:
-            if not info.takes_value:
-                problems.append(Problem(where, f"{flag} takes no value; write {flag} alone"))
-            elif info.choices and inline not in info.choices and not loose:
-                problems.append(Problem(where, f"{flag} {inline!r} is not one of {', '.join(info.choices)}"))
-            continue
-        values = _values(extra, i, info) if info.takes_value else []
-        if values:
-            i += len(values)
-            for value in values:
-                if info.choices and value not in info.choices and not loose:
-                    problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))
-        elif info.takes_value and info.nargs_required:
-            problems.append(Problem(where, f"{flag} needs a value"))
-    return problems
 
 
 # --------------------------------------------------------------------------- planning
@@ -737,32 +324,76 @@ def plan(
     `gpu`: spec.gpu resolved by gpus.select_gpu (resolved here when not given).
     `allow_unsafe_args`: the VLLMServer carries api.ALLOW_UNSAFE_ARGS_ANNOTATION, so extraArgs may set
     --host/--port (the container port then follows --port). `urls`: the operator's URL settings (None: the
-    offline CLI, which fetches nothing for anyone else)."""
+    offline CLI, which fetches nothing for anyone else).
+
+    The named steps below run in order (numbered in their docstrings); each records its flags (`decisions`),
+    notes and problems on the plan, and sizing stops at the first step that finds the server cannot run."""
     p = Plan(name=name, namespace=namespace, spec=spec, model=model,
              prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url)
-    p.problems.extend(check_spec(name, spec, default_prometheus_url=default_prometheus_url,
+    check(p, gpu, model_error=model_error, model_error_field=model_error_field,
+          default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args, urls=urls)
+    if model is None or p.gpu_memory is None:
+        return p
+    s = Sizing(arch=model.architecture, elem=dtype_bytes(spec, model))
+    plan_tensor_parallel(p, s)
+    if not plan_memory_budget(p, s):
+        return p
+    plan_weights(p, s)
+    plan_batch(p, s)
+    if not plan_kv_cache(p, s):
+        return p
+    plan_max_model_len(p, s)
+    plan_engine_flags(p, s)
+    plan_pod(p)
+    plan_shutdown(p)
+    note_image(p)
+    p.args = engine_args(p)
+    return p
+
+
+@dataclass
+class Sizing:
+    """What one step of `plan` hands the next: the model's facts and the per-GPU figures sized so far."""
+
+    arch: api.ModelArchitecture
+    #: bytes per element in the compute dtype
+    elem: int
+    budget: int = 0
+    graphs: int = 0
+    weights: int = 0
+    seqs: int = 0
+    seqs_why: str = ""
+    batched: int = 0
+    batched_why: str = ""
+    kv: int = 0
+    kv_dtype: str = "auto"
+
+
+def check(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[str], model_error_field: str,
+          default_prometheus_url: Optional[str], allow_unsafe_args: bool, urls: Optional[URLPolicy]) -> None:
+    """1. The spec's rules (validation.py), the GPU selection and what its hardware rules out, the GPU memory to
+    plan with, and the model's facts."""
+    spec = p.spec
+    p.problems.extend(check_spec(p.name, spec, default_prometheus_url=default_prometheus_url,
                                  allow_unsafe_args=allow_unsafe_args, urls=urls))
     if allow_unsafe_args:
         unsafe_overrides(p)
-    tp = p.tensor_parallel_size = spec.gpu.count
+    p.tensor_parallel_size = spec.gpu.count
     p.gpu = gpu if gpu is not None else select_gpu(spec.gpu)
     p.problems.extend(Problem(where, message) for where, message in p.gpu.problems)
     p.notes.extend(p.gpu.notes)
     p.problems.extend(hardware_problems(spec, p.gpu))
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, p.gpu)
-    if model is None:
+    if p.model is None:
         p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}")
     if p.gpu_memory is not None and p.gpu_memory < GiB:
         p.problem("spec.gpu.memory", f"{spec.gpu.memory} is less than 1Gi: not a GPU vLLM can serve from")
         p.gpu_memory = None
-    if model is None or p.gpu_memory is None:
-        return p
-    arch = model.architecture
-    e = spec.engine
-    prof = spec.workload_profile
-    elem = dtype_bytes(spec, model)
 
-    # ---- tensor parallelism
+
+def plan_tensor_parallel(p: Plan, s: Sizing) -> None:
+    """2. --tensor-parallel-size: gpu.count, which must divide the attention heads and share the KV heads."""
+    arch, tp = s.arch, p.tensor_parallel_size
     valid = ", ".join(str(d) for d in valid_tp_sizes(arch))
     if arch.num_attention_heads % tp:
         p.problem("spec.gpu.count", f"tensor parallelism over {tp} GPUs must divide the model's "
@@ -773,10 +404,15 @@ def plan(
     p.decisions.append(FlagDecision("--tensor-parallel-size", str(tp), f"gpu.count: shard the model over {tp} GPU(s) "
                                 f"({arch.num_attention_heads} heads / {tp} = {arch.num_attention_heads / tp:g} per GPU)"))
 
-    # ---- memory budget
+
+def plan_memory_budget(p: Plan, s: Sizing) -> bool:
+    """3. --gpu-memory-utilization: vLLM's budget, leaving its CUDA context, a margin and reservedMemory outside.
+    False when nothing is left for vLLM."""
+    spec, e = p.spec, p.spec.engine
+    assert p.gpu_memory is not None
     total = p.gpu_memory
     reserved = int(parse_quantity(spec.gpu.reserved_memory))
-    graphs = 0 if e.enforce_eager else int(_a("cuda_graph_per_gpu"))
+    s.graphs = 0 if e.enforce_eager else int(_a("cuda_graph_per_gpu"))
     outside = _a("cuda_context") + _a("safety_margin")
     ceiling = (total - reserved - outside) / total
     if e.gpu_memory_utilization is not None:
@@ -793,22 +429,32 @@ def plan(
                f"leaves {gib(reserved)} reserved + {gib(outside)} for vLLM's CUDA context and a margin free")
     if util <= 0:
         p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM")
-        return p
+        return False
     p.gpu_memory_utilization = util
     p.decisions.append(FlagDecision("--gpu-memory-utilization", repr(float(util)), f"{why}: budget {gib(util * total)} of "
                                 f"{gib(total)} per GPU", pinned=e.gpu_memory_utilization is not None))
-    budget = int(util * total)
+    s.budget = int(util * total)
+    return True
 
-    # ---- weights
+
+def plan_weights(p: Plan, s: Sizing) -> None:
+    """4. The weights per GPU, as the checkpoint stores them (its quantization_config decides)."""
+    spec, arch = p.spec, s.arch
     p.problems.extend(quantization_problems(spec, arch))
     sized_as = weights_quantization(spec, arch)
     if sized_as != spec.model.quantization:
         p.notes.append(f"weights sized as the checkpoint stores them ({sized_as}, config.json quantization_config); "
                        "vLLM reads the method from the checkpoint")
-    p.weight_bytes_total = weight_bytes(arch, sized_as, elem)
-    weights = math.ceil(p.weight_bytes_total / tp) + rotary_cache_bytes(arch, elem)
+    p.weight_bytes_total = weight_bytes(arch, sized_as, s.elem)
+    s.weights = math.ceil(p.weight_bytes_total / p.tensor_parallel_size) + rotary_cache_bytes(arch, s.elem)
 
-    # ---- batch sizing (before activation: the profile run uses max_num_batched_tokens)
+
+def plan_batch(p: Plan, s: Sizing) -> None:
+    """5. --max-num-seqs and --max-num-batched-tokens, before the activations: vLLM's profiling run batches
+    max_num_batched_tokens tokens."""
+    e, prof = p.spec.engine, p.spec.workload_profile
+    assert p.gpu_memory is not None
+    total = p.gpu_memory
     big_gpu = total >= 70 * GiB and not any("A100" in g.product.upper() for g in p.gpu.products)
     seqs_default, batched_default = (1024, 8192) if big_gpu else (256, 2048)
     if e.max_num_seqs is not None:
@@ -835,8 +481,16 @@ def plan(
     if batched < seqs:
         p.problem("spec.engine.maxNumBatchedTokens", f"{batched} is below maxNumSeqs {seqs}; vLLM requires "
                   "max-num-batched-tokens >= max-num-seqs")
+    s.seqs, s.seqs_why, s.batched, s.batched_why = seqs, seqs_why, batched, batched_why
 
-    # ---- activation, overheads, KV
+
+def plan_kv_cache(p: Plan, s: Sizing) -> bool:
+    """6. The activation peak, the overheads and what is left for the KV cache, in whole blocks. False when the
+    model does not fit (with the smallest gpu.count that would)."""
+    arch, tp, e, elem = s.arch, p.tensor_parallel_size, p.spec.engine, s.elem
+    assert p.gpu_memory is not None
+    total, reserved = p.gpu_memory, int(parse_quantity(p.spec.gpu.reserved_memory))
+    budget, weights, graphs, batched, seqs = s.budget, s.weights, s.graphs, s.batched, s.seqs
     activation = activation_bytes(arch, tp, batched, seqs, elem)
     non_torch = int(_a("non_torch_tp1") + (_a("nccl_per_gpu_tp") if tp > 1 else 0))
     kv = budget - weights - activation - non_torch - graphs
@@ -844,6 +498,7 @@ def plan(
                       non_torch=non_torch, kv_cache=max(kv, 0), cuda_graphs=graphs)
     kv_dtype = e.kv_cache_dtype or "auto"
     p.kv_bytes_per_token = kv_bytes_per_token(arch, tp, kv_dtype, elem)
+    s.kv, s.kv_dtype = kv, kv_dtype
     if kv <= 0:
         hint = "use a bigger GPU"
         for t in (2, 4, 8, 16, 32, 64):
@@ -858,11 +513,16 @@ def plan(
         p.problem("spec.gpu", f"the model does not fit: weights {gib(weights)} + activations {gib(activation)} + "
                   f"overheads {gib(non_torch + graphs)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
                   f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
-        return p
-    block = int(_a("block_size"))
-    p.kv_cache_tokens = _round_down(kv / p.kv_bytes_per_token, block)
+        return False
+    p.kv_cache_tokens = _round_down(kv / p.kv_bytes_per_token, int(_a("block_size")))
+    return True
 
-    # ---- max model len
+
+def plan_max_model_len(p: Plan, s: Sizing) -> None:
+    """7. --max-model-len: pinned, the profile's maximum or the model's own limit, within what the KV cache holds
+    with a margin; a typical request must fit."""
+    spec, e, prof, arch, kv = p.spec, p.spec.engine, p.spec.workload_profile, s.arch, s.kv
+    block = int(_a("block_size"))
     model_limit = arch.max_position_embeddings
     fit_limit = _round_down(p.kv_cache_tokens * _a("context_headroom"), block)
     if e.max_model_len is not None:
@@ -906,7 +566,12 @@ def plan(
     p.max_model_len = length
     p.decisions.append(FlagDecision("--max-model-len", str(length), len_why, pinned=e.max_model_len is not None))
 
-    # cap seqs by what the KV cache can hold for typical requests
+
+def plan_engine_flags(p: Plan, s: Sizing) -> None:
+    """8. The batch flags (max-num-seqs capped by what the KV cache holds for typical requests), the queue cap,
+    the KV cache dtype, prefix caching and eager mode."""
+    e, prof = p.spec.engine, p.spec.workload_profile
+    seqs, seqs_why, batched, batched_why, kv_dtype = s.seqs, s.seqs_why, s.batched, s.batched_why, s.kv_dtype
     if e.max_num_seqs is None:
         typical = (prof.p95_prompt_tokens or 0) + (prof.p95_output_tokens or 0)
         if typical:
@@ -930,7 +595,10 @@ def plan(
         p.decisions.append(FlagDecision("--enforce-eager", "", "pinned: no CUDA graphs (less memory, slower decode)",
                                     pinned=True))
 
-    # ---- pod sizing
+
+def plan_pod(p: Plan) -> None:
+    """9. The pod around vLLM: /dev/shm or host IPC, host memory and CPU, the startup probe's budget."""
+    spec, tp = p.spec, p.tensor_parallel_size
     if spec.ipc == "SharedMemory":
         if spec.shm_size is not None:
             p.shm_bytes = int(parse_quantity(spec.shm_size))
@@ -957,7 +625,11 @@ def plan(
     else:
         p.notes.append(f"vLLM downloads or reads the weights itself: the startup probe's {p.startup_seconds} s cover "
                        f"{gib(p.weight_bytes_total)} at {_a('load_bandwidth') / 1e6:.0f} MB/s and the engine's start")
-    plan_shutdown(p)
+
+
+def note_image(p: Plan) -> None:
+    """11. Which vLLM release the flags were checked against: the image's, or the snapshot's when they differ."""
+    spec = p.spec
     version = image_vllm_version(spec.image)
     if version is not None and version != vllm_flags.VERSION:
         unchecked = unchecked_extra_args(list(spec.engine.extra_args))
@@ -967,8 +639,6 @@ def plan(
                        + f" and the derived flags are {vllm_flags.VERSION}'s")
     elif spec.image.split("@", 1)[0] != api.DEFAULT_IMAGE:  # the default release pinned by digest is the default
         p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
-    p.args = engine_args(p)
-    return p
 
 
 def min_queue_cap(max_num_seqs: int, target_waiting: float) -> int:
@@ -1004,7 +674,7 @@ def check_queue_cap(p: Plan) -> None:
 
 
 def plan_shutdown(p: Plan) -> None:
-    """--shutdown-timeout and the pod's termination timeline: the preStop sleep (the pod leaves the Services'
+    """10. --shutdown-timeout and the pod's termination timeline: the preStop sleep (the pod leaves the Services'
     endpoints while vLLM still serves), then SIGTERM and the drain (vLLM takes no new request and lets the
     in-flight ones finish, up to the timeout), then vLLM's teardown; terminationGracePeriodSeconds covers all
     three, so the kubelet's SIGKILL never cuts a drain short."""

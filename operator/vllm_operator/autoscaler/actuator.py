@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import kopf
 
-from .. import api, builders, pipeline, planner
+from .. import api, builders, pipeline, validation
 from ..controller import events, kvcapacity
 from .. import telemetry as operator_metrics
 from ..informers.cache import resource_version
@@ -200,7 +200,7 @@ def at_max_replicas(decision: policy.Decision) -> bool:
 
 def autoscaling_problems(name: str, spec: api.VLLMServerSpec, default_prometheus_url: Optional[str],
                          urls: Optional[URLPolicy] = None) -> list[str]:
-    return [str(p) for p in planner.check_spec(name, spec, default_prometheus_url=default_prometheus_url, urls=urls)
+    return [str(p) for p in validation.check_spec(name, spec, default_prometheus_url=default_prometheus_url, urls=urls)
             if p.field.startswith("spec.autoscaling")]
 
 

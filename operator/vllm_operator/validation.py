@@ -1,0 +1,500 @@
+"""What a VLLMServer's spec may not say, checked before anything is sized: one function per rule family.
+
+Pure: spec (and the GPU selection, the model's architecture) in, `Problem`s out, each naming the field to change
+and the alternative. Every check is linear in the spec's size (a tenant's spec is untrusted: bench/adversarial.py).
+The planner runs them all (`check_spec`, `quantization_problems`, `hardware_problems`); the autoscaler runs
+`check_spec` alone, to stop scaling a server whose spec became invalid.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import api, vllm_flags
+from .api import VLLMServerSpec, parse_quantity
+from .gpus import GPUSelection
+from .urlpolicy import URLPolicy
+
+#: The values spec.model.quantization may take.
+QUANTIZATION_CHOICES = typing.get_args(api.Quantization)
+
+#: Flags the planner derives or the pod needs fixed: extraArgs may not set them.
+OWNED_FLAGS: dict[str, str] = {
+    "--model": "spec.model.name",
+    "--host": "the pod (probes and Services need 0.0.0.0)",
+    "--port": "the pod (probes and Services need port 8000)",
+    "--tensor-parallel-size": "spec.gpu.count",
+    "-tp": "spec.gpu.count",
+    "--max-model-len": "spec.engine.maxModelLen",
+    "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
+    "--max-num-seqs": "spec.engine.maxNumSeqs",
+    "--max-num-batched-tokens": "spec.engine.maxNumBatchedTokens",
+    "--kv-cache-dtype": "spec.engine.kvCacheDtype",
+    "--enable-prefix-caching": "spec.engine.enablePrefixCaching",
+    "--no-enable-prefix-caching": "spec.engine.enablePrefixCaching",
+    "--enforce-eager": "spec.engine.enforceEager",
+    "--no-enforce-eager": "spec.engine.enforceEager",
+    "--served-model-name": "spec.model.servedName",
+    "--quantization": "spec.model.quantization",
+    "-q": "spec.model.quantization",
+    "--dtype": "spec.model.dtype",
+    "--revision": "spec.model.revision",
+    "--download-dir": "spec.cache (HF_HOME)",
+    "--chat-template": "spec.engine.chatTemplate (checked before it is applied)",
+    "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
+    "--max-num-queued-reqs": "spec.engine.maxNumQueuedReqs (checked against the autoscaler's target)",
+}
+
+#: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
+KNOWN_BAD_FLAGS: dict[str, str] = {
+    "--swap-space": "was removed with the V0 engine; drop it",
+    "--prefill-chunk-size": "does not exist; chunked prefill is sized by engine.maxNumBatchedTokens",
+    "--gpu-memory-utilization-gpu0": "does not exist; use engine.gpuMemoryUtilization (one value for all GPUs)",
+}
+
+#: spec.model.quantization values the API accepts but the pinned vLLM does not (ModelConfig refuses them at start).
+UNSUPPORTED_QUANTIZATION: dict[str, str] = {
+    "bitsandbytes": "bitsandbytes quantization was removed from vLLM; serve an AWQ, GPTQ or FP8 checkpoint instead",
+    "gguf": "GGUF is no longer a vLLM quantization method; serve the original or an AWQ/GPTQ/FP8 checkpoint",
+}
+
+#: Values that are credentials whatever field they are in: Hugging Face, OpenAI/Anthropic-style, GitHub, AWS,
+#: Slack and JWT tokens, PEM private keys, and URLs with a password. Searched in every string of a tenant's
+#: spec, so in time linear in its length whatever it holds (bench/adversarial.py): a token's minimum length is
+#: enough to find it ({16}, not {16,}); a JWT is looked for once per run of its characters, from the run's first
+#: "eyJ", which has the most characters after it (from every "eyJ", 'eyJeyJ...' cost the square of its length);
+#: a URL's scheme is taken from its last letter (from every letter, a run of them did); the possessive
+#: quantifiers never give back what their class cannot contain anyway.
+_CREDENTIAL_VALUE = re.compile(
+    r"hf_[A-Za-z0-9]{16}|sk-[A-Za-z0-9_-]{16}|gh[pousr]_[A-Za-z0-9]{20}|github_pat_[A-Za-z0-9_]{20}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10}"
+    r"|(?<![A-Za-z0-9_-])(?>[A-Za-z0-9_-]*?eyJ)[A-Za-z0-9_-]{8,}+\.eyJ[A-Za-z0-9_-]{8,}+\."
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----|[a-z][0-9+.-]*+://[^/\s:@]++:[^/\s@]++@")
+#: Flags whose value is a credential: a literal one would sit in the spec (and in `ps` inside the pod).
+CREDENTIAL_FLAGS: dict[str, str] = {
+    "--api-key": "set engine.env [{name: VLLM_API_KEY, valueFrom: {secretKeyRef: {name: ..., key: ...}}}] "
+                 "instead: vLLM reads the key from VLLM_API_KEY",
+    "--hf-token": "set spec.hfTokenSecretRef instead: the operator passes the Secret's key as HF_TOKEN",
+}
+#: Flags the pod depends on (probes and Services): extraArgs may set them only with the escape-hatch
+#: annotation api.ALLOW_UNSAFE_ARGS_ANNOTATION (docs/security.md).
+UNSAFE_FLAGS = ("--host", "--port")
+_CREDENTIAL_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.I)
+#: Environment the operator sets; engine.env may not override it.
+OWNED_ENV = set(api.OWNED_ENV)
+#: Environment the GPU device plugin owns: it names the GPUs allocated to the container (gpu.count of them);
+#: engine.env may not set it.
+DEVICE_PLUGIN_ENV: dict[str, str] = {
+    "CUDA_VISIBLE_DEVICES": "the NVIDIA device plugin exposes exactly the spec.gpu.count GPUs allocated to the "
+                            "container; renumbering or hiding them here makes vLLM start on fewer GPUs than it "
+                            "shards over, or on none",
+    "NVIDIA_VISIBLE_DEVICES": "the NVIDIA device plugin sets it to the GPUs allocated to the container; the NVIDIA "
+                              "container runtime mounts whatever it names, so a value such as 'all' would hand the "
+                              "server every GPU of the node, including those allocated to other pods",
+}
+MAX_NAME_LENGTH = api.MAX_NAME_LENGTH
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that stops the server from being deployed, with the field to change."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+def credential_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """Every string in the spec that looks like a credential, by field path (the spec is readable by anyone
+    who can read the VLLMServer, and it is copied into the pod template)."""
+    problems: list[Problem] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(key, str) and _CREDENTIAL_VALUE.search(key):
+                    problems.append(Problem(path, "a key looks like a credential in plaintext"))
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+        elif isinstance(node, str) and _CREDENTIAL_VALUE.search(node):
+            problems.append(Problem(path, "looks like a credential in plaintext; anyone who can read the VLLMServer "
+                                    "can read it. Put it in a Secret and reference it: spec.hfTokenSecretRef for the "
+                                    "Hugging Face token, engine.env[].valueFrom.secretKeyRef for anything else"))
+
+    dumped = spec.model_dump(by_alias=True, exclude_none=True)
+    dumped.get("engine", {}).pop("env", None)  # check_spec words it per variable
+    walk(dumped, "spec")
+    return problems
+
+
+def flag_like_values(spec: VLLMServerSpec) -> list[Problem]:
+    """Spec values that become vLLM arguments and start with '-': vLLM would read them as flags. The API's
+    pattern refuses them already; this holds for a spec built without validation too (model_construct)."""
+    values = (("spec.model.name", spec.model.name, "the model"),
+              ("spec.model.servedName", spec.model.served_name, "--served-model-name's value"),
+              ("spec.model.revision", spec.model.revision, "--revision's value"))
+    return [Problem(where, f"{value!r} starts with '-': vLLM would read it as a flag, not as {what}")
+            for where, value, what in values if value and value.startswith("-")]
+
+
+#: model.quantization methods that need weights quantized beforehand -> the checkpoint method they read.
+PREQUANTIZED = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq",
+                "compressed-tensors": "compressed-tensors", "gguf": "gguf"}
+
+
+def quantization_problems(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> list[Problem]:
+    """model.quantization against the checkpoint's own (known only from its config.json), as vLLM 0.32 checks
+    them at start: a method that needs quantized weights on a 16-bit checkpoint, or another method than the
+    checkpoint's (awq_marlin and gptq_marlin read awq and gptq checkpoints; fp8 also quantizes 16-bit weights as
+    they load)."""
+    checkpoint, wanted = arch.quantization, spec.model.quantization
+    if checkpoint is None or wanted == "none":
+        return []
+    field = "spec.model.quantization"
+    if checkpoint == "none":
+        if wanted in PREQUANTIZED:
+            return [Problem(field, f"{wanted} needs a checkpoint quantized with {PREQUANTIZED[wanted]}, and "
+                            f"{spec.model.name}'s config.json has no quantization_config (its weights are 16-bit): "
+                            "serve it with quantization none or fp8 (quantized as it loads), or name a "
+                            f"{PREQUANTIZED[wanted].upper()} checkpoint")]
+        return []
+    if PREQUANTIZED.get(wanted, wanted) != checkpoint:
+        said = "a method vLLM does not know here" if checkpoint == "other" else checkpoint
+        return [Problem(field, f"{wanted} contradicts the checkpoint, whose config.json says it is quantized with "
+                        f"{said}: set quantization none (vLLM then reads the checkpoint's method)"
+                        + (f" or {checkpoint}" if checkpoint != "other" else ""))]
+    return []
+
+
+def _capability(gpu: Any) -> int:
+    major, _, minor = str(gpu.compute_capability).partition(".")
+    return int(major) * 10 + int(minor or 0)
+
+
+def hardware_problems(spec: VLLMServerSpec, gpu: GPUSelection) -> list[Problem]:
+    """What the GPU's compute capability rules out, as vLLM gates it (vllm_flags.json, read from the release's
+    own code: each quantization method's get_min_capability, CudaPlatform.check_if_supports_dtype). Checked
+    against the oldest product the pods may land on; an unknown product (gpu.memory given) is not checked."""
+    if not gpu.products:
+        return []
+    oldest = min(gpu.products, key=_capability)
+    have, name = _capability(oldest), oldest.product
+    out = []
+    bf16 = vllm_flags.bfloat16_min_capability()
+    if spec.model.dtype == "bfloat16" and have < bf16:
+        out.append(Problem("spec.model.dtype", f"bfloat16 needs compute capability {bf16 / 10:.1f} in vLLM "
+                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: use float16, or auto (vLLM then "
+                           "runs a bfloat16 checkpoint as float16)"))
+    method = spec.model.quantization
+    need = vllm_flags.quantization_min_capability(method) if method != "none" else None
+    if need is not None and have < need:
+        usable = sorted(m for m in QUANTIZATION_CHOICES if m != "none" and m not in UNSUPPORTED_QUANTIZATION
+                        and (vllm_flags.quantization_min_capability(m) or 1000) <= have)
+        out.append(Problem("spec.model.quantization", f"{method} needs compute capability {need / 10:.1f} in vLLM "
+                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: "
+                           + (f"a checkpoint quantized with {', '.join(usable)} runs there" if usable
+                              else "no quantization method of vLLM runs there")))
+    return out
+
+
+def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None,
+               allow_unsafe_args: bool = False, urls: Optional[URLPolicy] = None) -> list[Problem]:
+    """Semantic checks the CRD schema cannot express, every rule family in turn. Pure. `urls`: the operator's URL
+    settings (urlpolicy.py; spec.model.configURL is checked before it is fetched, in pipeline.plan_server)."""
+    return [
+        *name_problems(name),
+        *autoscaling_problems(spec, default_prometheus_url, urls),
+        *network_problems(spec),
+        *cache_problems(spec),
+        *credential_problems(spec),
+        *flag_like_values(spec),
+        *env_problems(spec),
+        *unsupported_quantization(spec),
+        *resource_problems(spec),
+        *toleration_problems(spec),
+        *request_limit_problems(spec),
+        *check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args,
+                          loose=image_vllm_version(spec.image) not in (None, vllm_flags.VERSION)),
+    ]
+
+
+def name_problems(name: str) -> list[Problem]:
+    """metadata.name: the children's names and labels derive from it."""
+    out = []
+    if name[:1].isdigit():
+        out.append(Problem("metadata.name", f"{name!r} starts with a digit; the client Service is named after the "
+                           "server and Service names must start with a letter (DNS-1035)"))
+    if len(name) > MAX_NAME_LENGTH:
+        out.append(Problem("metadata.name", f"{len(name)} characters is too long: at most {MAX_NAME_LENGTH}, because "
+                           "pod labels derived from it are limited to 63 characters"))
+    return out
+
+
+def autoscaling_problems(spec: VLLMServerSpec, default_prometheus_url: Optional[str],
+                         urls: Optional[URLPolicy]) -> list[Problem]:
+    """spec.autoscaling: bounds, the workload it needs, and the Prometheus it may query."""
+    out = []
+    add = lambda f, m: out.append(Problem(f, m))  # noqa: E731
+    a = spec.autoscaling
+    if a.max_replicas is not None and a.max_replicas < a.min_replicas:  # as the CRD's rule: enabled or not
+        add("spec.autoscaling.maxReplicas", f"{a.max_replicas} is below minReplicas {a.min_replicas}")
+    if not a.enabled:
+        return out
+    if spec.workload == "DaemonSet":
+        add("spec.autoscaling.enabled", "autoscaling needs workload: StatefulSet; a DaemonSet runs one server per "
+            "matching node, so its size follows the nodes (set autoscaling.enabled: false or workload: StatefulSet)")
+    if a.max_replicas is None:
+        add("spec.autoscaling.maxReplicas", "required when autoscaling is enabled")
+    if a.source == "Prometheus" and a.mode == "Operator" and not (a.prometheus_url or default_prometheus_url):
+        add("spec.autoscaling.prometheusURL", "source: Prometheus needs prometheusURL (or the operator's "
+            "--prometheus-url default)")
+    if a.prometheus_url and urls is not None and (why := urls.prometheus_problem(a.prometheus_url)):
+        add("spec.autoscaling.prometheusURL", why)
+    if a.mode == "KEDA" and not (a.prometheus_url or default_prometheus_url):
+        add("spec.autoscaling.prometheusURL", "mode: KEDA needs prometheusURL (or the operator's "
+            "--prometheus-url default): the ScaledObject's Prometheus trigger queries it")
+    return out
+
+
+def network_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.hostNetwork: only where one server runs per node."""
+    if spec.host_network and spec.workload != "DaemonSet":
+        return [Problem("spec.hostNetwork", "only a DaemonSet may use the node's network (replicas of a StatefulSet "
+                        "would collide on port 8000)")]
+    return []
+
+
+def cache_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.cache: an existing claim or a new one, per replica or shared, as the workload allows."""
+    c = spec.cache
+    if c is None:
+        return []
+    if c.claim_name and (c.size or c.storage_class_name):
+        return [Problem("spec.cache", "set either claimName (an existing claim) or size/storageClassName (a new "
+                        "claim per replica), not both")]
+    if not c.claim_name and not c.size:
+        return [Problem("spec.cache", "set size (a new claim per replica) or claimName (an existing claim)")]
+    if c.shared and not c.size:
+        return [Problem("spec.cache.shared", "shared needs size (the claim the operator creates for every replica); "
+                        "a claimName is shared as it is")]
+    if c.size and not c.shared and spec.workload == "DaemonSet":
+        return [Problem("spec.cache.size", "a DaemonSet cannot create a claim per pod; set cache.shared (one "
+                        "ReadWriteMany claim for every node) or use cache.claimName (ReadWriteMany or ReadOnlyMany)")]
+    return []
+
+
+def env_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.engine.env: nothing the device plugin or the operator owns, no credential in plaintext."""
+    out = []
+    for i, env in enumerate(spec.engine.env):
+        where = f"spec.engine.env[{i}]"
+        if env.name in DEVICE_PLUGIN_ENV:
+            out.append(Problem(where, f"{env.name} may not be set: {DEVICE_PLUGIN_ENV[env.name]}. Choose the GPUs "
+                               "with spec.gpu (count, product)"))
+        elif env.name in OWNED_ENV:
+            out.append(Problem(where, f"{env.name} is set by the operator; use hfTokenSecretRef for tokens and cache "
+                               "for HF_HOME"))
+        elif env.value_from is not None and env.value:
+            out.append(Problem(where, f"{env.name}: set value or valueFrom, not both"))
+        elif _CREDENTIAL_VALUE.search(env.value) or (_CREDENTIAL_NAME.search(env.name) and env.value):
+            out.append(Problem(where, f"{env.name} looks like a credential in plaintext; anyone who can read the "
+                               "VLLMServer can read it. Put it in a Secret and reference it with spec.hfTokenSecretRef "
+                               "(the Hugging Face token) or valueFrom.secretKeyRef"))
+    return out
+
+
+def unsupported_quantization(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.model.quantization values the API accepts but the pinned vLLM does not have."""
+    method = spec.model.quantization
+    if method in UNSUPPORTED_QUANTIZATION:
+        return [Problem("spec.model.quantization", f"vLLM {vllm_flags.VERSION} has no quantization method "
+                        f"{method!r} and would exit at start: {UNSUPPORTED_QUANTIZATION[method]}")]
+    return []
+
+
+def resource_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.resources and the sizes elsewhere: no GPU resource by hand, no negative quantity."""
+    out = []
+    gpu_resources = {k for k in [*spec.resources.requests, *spec.resources.limits]
+                     if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-")}
+    for key in sorted(gpu_resources):
+        out.append(Problem("spec.resources", f"{key} comes from spec.gpu (count, migProfile); remove it from "
+                           "resources"))
+    sizes = [("spec.gpu.memory", spec.gpu.memory), ("spec.gpu.reservedMemory", spec.gpu.reserved_memory),
+             ("spec.shmSize", spec.shm_size), ("spec.cache.size", spec.cache.size if spec.cache else None)]
+    sizes += [(f"spec.resources.{side}.{k}", v) for side, values in (("requests", spec.resources.requests),
+                                                                     ("limits", spec.resources.limits))
+              for k, v in values.items()]
+    for where, value in sizes:
+        if value is not None and parse_quantity(value) < 0:
+            out.append(Problem(where, f"{value} is negative"))
+    return out
+
+
+def toleration_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.tolerations: what the API server would refuse in the pod template."""
+    out = []
+    for i, t in enumerate(spec.tolerations):
+        where = f"spec.tolerations[{i}]"
+        if t.operator == "Exists" and t.value:
+            out.append(Problem(f"{where}.value", "must be empty with operator: Exists"))
+        if not t.key and t.operator != "Exists":
+            out.append(Problem(f"{where}.operator", "must be Exists when key is empty (a toleration of every taint)"))
+        if t.toleration_seconds is not None and t.effect != "NoExecute":
+            out.append(Problem(f"{where}.tolerationSeconds", "applies to effect: NoExecute only"))
+        if t.value and not re.match(api.LABEL_VALUE_PATTERN, t.value) or (t.value and len(t.value) > 63):
+            out.append(Problem(f"{where}.value", f"{t.value!r} is not a label value (at most 63 letters, digits, "
+                               "'-', '_' or '.')"))
+    return out
+
+
+def request_limit_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.resources requests against limits, as Kubernetes checks them."""
+    out = []
+    requests, limits = spec.resources.requests, spec.resources.limits
+    for key in set(requests) & set(limits):
+        if parse_quantity(requests[key]) > parse_quantity(limits[key]):
+            out.append(Problem(f"spec.resources.requests.{key}", f"{requests[key]} is above the limit {limits[key]}; "
+                               "Kubernetes refuses a request above its limit"))
+    for key, request in requests.items():
+        if overcommittable(key):
+            continue
+        limit = limits.get(key)
+        if limit is None:
+            out.append(Problem(f"spec.resources.requests.{key}", f"{key} cannot be overcommitted, so Kubernetes needs "
+                               f"a limit equal to the request: set spec.resources.limits.{key} to {request} (or only "
+                               "the limit)"))
+        elif parse_quantity(request) != parse_quantity(limit):
+            out.append(Problem(f"spec.resources.requests.{key}", f"{request} differs from the limit {limit}; {key} "
+                               "cannot be overcommitted, so Kubernetes refuses a request other than the limit"))
+    return out
+
+
+_IMAGE_VERSION = re.compile(r":v?(\d+\.\d+\.\d+(?:[.+-]?[0-9A-Za-z.]+)?)(?:@sha256:[0-9a-f]{64})?$")
+
+
+def image_vllm_version(image: str) -> Optional[str]:
+    """The vLLM release an image's tag names (vllm/vllm-openai:v0.33.1 -> 0.33.1), or None when it names none. A
+    build variant after '-' or '+' (v0.32.0-cu130) is the same release; rc1, dev, post are other ones."""
+    found = _IMAGE_VERSION.search(image.strip())
+    return re.split(r"[-+]", found.group(1))[0] if found else None
+
+
+def unchecked_extra_args(extra: list[str]) -> list[str]:
+    """The extraArgs flags the flag snapshot does not know (passed unchecked for another vLLM release)."""
+    return [flag for flag in (token.partition("=")[0] for token in extra)
+            if flag.startswith("--") and _snapshot_flag(flag)[2] is None]
+
+
+def _snapshot_flag(flag: str) -> tuple[str, Optional[str], Optional[vllm_flags.FlagInfo]]:
+    """(normalised flag, its JSON-valued parent for a dotted key such as --compilation-config.mode, what the
+    snapshot's parser knows of it, or None)."""
+    normal = vllm_flags.normalise(flag)
+    # --compilation-config.mode 3 sets one key of a JSON-valued flag (FlexibleArgumentParser).
+    dotted = normal.split(".", 1)[0].rstrip("+") if normal.startswith("--") and "." in normal else None
+    return normal, dotted, vllm_flags.flags().get(dotted or normal)
+
+
+def overcommittable(resource: str) -> bool:
+    """Whether Kubernetes lets a request be below the limit: native resources (cpu, memory, ephemeral-storage,
+    any *kubernetes.io/ name) but hugepages; extended resources (example.com/foo, devices) must be equal."""
+    native = "/" not in resource or "kubernetes.io/" in resource
+    return native and not resource.startswith("hugepages-")
+
+
+_NUMBER = re.compile(r"^-\.?[0-9]")
+
+
+def _is_value(token: str) -> bool:
+    """What argparse takes as an option's value: not a flag (negative numbers are values)."""
+    return not token.startswith("-") or bool(_NUMBER.match(token))
+
+
+def _values(extra: list[str], i: int, info: Optional[vllm_flags.FlagInfo]) -> list[str]:
+    """The values that follow a flag from extra[i]: one, or, for a flag with nargs "+" (`--allowed-media-domains
+    a b`), all up to the next flag. An unknown flag (info None) is taken to have one."""
+    end = i
+    while end < len(extra) and _is_value(extra[end]) and (end == i or (info is not None and info.multiple)):
+        end += 1
+    return extra[i:end]
+
+
+def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool = False) -> list[Problem]:
+    """Refuse flags vLLM does not have, flags the operator derives (--host/--port only with the escape-hatch
+    annotation: `allow_unsafe`) and credentials as flag values (one problem per flag).
+
+    `loose`: the image runs another vLLM release than the snapshot's: what only the snapshot's parser can tell
+    (a flag it lacks or has removed, a value outside its choices) is not refused, since that release may differ;
+    what the operator owns and credentials still are."""
+    problems: list[Problem] = []
+    i = 0
+    while i < len(extra):
+        token = extra[i]
+        where = f"spec.engine.extraArgs[{i}]"
+        i += 1
+        if _is_value(token):
+            problems.append(Problem(where, f"{token!r} is not a flag; extraArgs holds flags and their values, "
+                                    "like ['--seed', '1']"))
+            continue
+        flag, eq, inline = token.partition("=")
+        if flag.startswith("-O") and not flag.startswith("--") and flag != "-O":  # -O3: --optimization-level 3
+            flag, eq, inline = "--optimization-level", "=", flag[2:].lstrip("=") or inline
+        normal, dotted, info = _snapshot_flag(flag)
+        refusal = None
+        if loose and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
+                and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
+                and not (dotted and dotted in OWNED_FLAGS):
+            if not eq and i < len(extra) and _is_value(extra[i]):
+                i += len(_values(extra, i, info))
+            continue
+        if normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS:
+            refusal = f"{flag} {KNOWN_BAD_FLAGS.get(normal) or KNOWN_BAD_FLAGS[flag]}"
+        elif normal in CREDENTIAL_FLAGS:
+            refusal = (f"{flag} takes a credential, which must not be written in the spec (anyone who can read the "
+                       f"VLLMServer could read it); {CREDENTIAL_FLAGS[normal]}")
+        elif normal in UNSAFE_FLAGS and allow_unsafe:
+            pass  # the escape hatch: the user owns the pod's address (docs/security.md)
+        elif normal in UNSAFE_FLAGS:
+            refusal = (f"{flag} is fixed by the operator: {OWNED_FLAGS[normal]}. To set it anyway, annotate the "
+                       f"VLLMServer {api.ALLOW_UNSAFE_ARGS_ANNOTATION}: \"true\" (docs/security.md)")
+        elif normal in OWNED_FLAGS or flag in OWNED_FLAGS or (dotted and dotted in OWNED_FLAGS):
+            owner = OWNED_FLAGS.get(dotted or normal) or OWNED_FLAGS.get(flag)
+            refusal = f"{flag} is derived by the operator; set {owner} instead"
+        elif info is None:
+            refusal = f"vLLM {vllm_flags.VERSION} has no flag {flag}: the server would exit with code 2 and crash-loop"
+        if refusal:
+            problems.append(Problem(where, refusal))
+            # The refused flag's value(s) go with it; do not report them again as "not a flag".
+            if not eq and (info is None or info.takes_value):
+                i += len(_values(extra, i, info))
+            continue
+        assert info is not None
+        if dotted:
+            if not eq:
+                if i < len(extra) and _is_value(extra[i]):
+                    i += 1
+                else:
+                    problems.append(Problem(where, f"{flag} needs a value"))
+            continue
+        if eq:
+            if not info.takes_value:
+                problems.append(Problem(where, f"{flag} takes no value; write {flag} alone"))
+            elif info.choices and inline not in info.choices and not loose:
+                problems.append(Problem(where, f"{flag} {inline!r} is not one of {', '.join(info.choices)}"))
+            continue
+        values = _values(extra, i, info) if info.takes_value else []
+        if values:
+            i += len(values)
+            for value in values:
+                if info.choices and value not in info.choices and not loose:
+                    problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))
+        elif info.takes_value and info.nargs_required:
+            problems.append(Problem(where, f"{flag} needs a value"))
+    return problems
