@@ -53,7 +53,12 @@ MIN_KUBERNETES_VERSION = (1, 30)
 
 def parse_kube_version(version: dict[str, Any]) -> tuple[int, int]:
     """(major, minor) of a /version answer; providers write the minor as "30+" or the like."""
-    digits = lambda text: int(re.match(r"\d+", str(text)).group(0))  # noqa: E731
+    def digits(text: Any) -> int:
+        found = re.match(r"\d+", str(text))
+        if found is None:
+            raise ValueError(f"no version number in {str(text)[:20]!r}")
+        return int(found.group(0))
+
     return digits(version["major"]), digits(version["minor"])
 
 
@@ -75,7 +80,7 @@ QUANTITY_PATTERN = (
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
-_SUFFIX = {
+_SUFFIX: dict[str, int | Decimal] = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
     "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,

@@ -114,8 +114,8 @@ def container_env(plan: Plan) -> list[dict[str, Any]]:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     for e in spec.engine.env:
         if e.value_from is not None:
-            ref = e.value_from.secret_key_ref
-            env.append({"name": e.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+            key_ref = e.value_from.secret_key_ref
+            env.append({"name": e.name, "valueFrom": {"secretKeyRef": {"name": key_ref.name, "key": key_ref.key}}})
         else:
             env.append({"name": e.name, "value": e.value})
     return env

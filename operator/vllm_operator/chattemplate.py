@@ -156,7 +156,8 @@ def _over_limits() -> str:
 
 class _Cache:
     def __init__(self, size: int = 256):
-        self.size, self._items, self._lock = size, OrderedDict(), threading.Lock()
+        self.size, self._lock = size, threading.Lock()
+        self._items: OrderedDict[str, Optional[str]] = OrderedDict()
 
     def get(self, template: str) -> Optional[str]:
         key = hashlib.sha256(template.encode()).hexdigest()

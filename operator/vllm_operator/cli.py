@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import Any, Optional, TextIO
 
 import yaml
 
@@ -46,6 +46,7 @@ def memory_rows(plan: Plan) -> list[tuple[str, str, int]]:
 
 def memory_bar(plan: Plan) -> str:
     rows = memory_rows(plan)
+    assert plan.memory is not None  # drawn only for a plan that sized its memory
     total = plan.memory.total
     bar, acc, drawn = "", 0, 0
     for sym, _, value in rows:
@@ -148,6 +149,7 @@ def _plans_of(path: str, args: argparse.Namespace, err: TextIO) -> tuple[list[Pl
                 err.write(f"{path}: {doc.name + ': ' if doc.name else ''}{line}\n")
             continue
         s = doc.server
+        assert s is not None  # a document without errors holds its server
         plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=args.hf_endpoint,
                                     allow_unsafe_args=api.allows_unsafe_args(s.metadata), local_files=True)
         plans.append(plan)
@@ -191,13 +193,13 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def cmd_catalog(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """The built-in models and GPUs, with the facts the planner uses and where each comes from."""
-    models = []
+    models: list[dict[str, Any]] = []
     for name in catalog.known_models():
         a = catalog.lookup_model(name)
         assert a is not None
         models.append({"name": name, "parameters": a.parameter_count, "layers": a.num_layers,
                        "context": a.max_position_embeddings})
-    gpus = [{"product": g.product, "memoryGiB": round(g.memory_bytes / GiB, 2), "computeCapability":
+    gpus: list[dict[str, Any]] = [{"product": g.product, "memoryGiB": round(g.memory_bytes / GiB, 2), "computeCapability":
              g.compute_capability, "fp8": g.supports_fp8, "aliases": list(g.aliases), "source": g.source}
             for g in catalog.known_gpus()]
     what = args.what

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pydantic
 import yaml
 
 from . import api
@@ -63,7 +64,7 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def model_schema(model: type) -> dict[str, Any]:
+def model_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     return _resolve(raw, defs)

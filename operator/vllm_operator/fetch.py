@@ -129,7 +129,7 @@ def _port(target: urllib.parse.SplitResult) -> int:
 
 def _proxy(target: urllib.parse.SplitResult) -> Optional[urllib.parse.SplitResult]:
     proxy = urllib.request.getproxies().get(target.scheme.lower())
-    if not proxy or urllib.request.proxy_bypass(target.hostname):
+    if not proxy or urllib.request.proxy_bypass(target.hostname or ""):
         return None
     return urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
 
@@ -186,8 +186,8 @@ def _tunnel(sock: socket.socket, authority: str, deadline: _Deadline) -> None:
 
 def _exchange(sock: socket.socket, target: urllib.parse.SplitResult, deadline: _Deadline, max_bytes: int,
               accept: str, absolute: bool) -> bytes:
-    connection = http.client.HTTPConnection(target.hostname, _port(target))  # never connects: it gets our socket
-    connection.sock = _BoundedSocket(sock, deadline)  # type: ignore[assignment]
+    connection = http.client.HTTPConnection(target.hostname or "", _port(target))  # never connects: it gets our socket
+    connection.sock = _BoundedSocket(sock, deadline)
     path = urllib.parse.urlunsplit(("", "", target.path or "/", target.query, ""))
     connection.request("GET", f"{target.scheme}://{target.netloc}{path}" if absolute else path,
                        headers={"Host": target.netloc, "Accept": accept, "User-Agent": "vllm-operator"})

@@ -308,8 +308,9 @@ def _requirements(candidates: tuple[GPUInfo, ...], convention: str, mig: Optiona
     if convention == "Karpenter" and set(reach) != set(candidates):
         # a100 is the 40 GB and the 80 GB card; Karpenter's per-GPU memory label tells them apart.
         memories = {g.karpenter_memory_mib for g in candidates}
-        if None not in memories and all(g.karpenter_memory_mib for g in reach):
-            requirements.append(NodeRequirement(KARPENTER_GPU_MEMORY_LABEL, tuple(str(m) for m in sorted(memories))))
+        known = sorted(m for m in memories if m is not None)
+        if len(known) == len(memories) and all(g.karpenter_memory_mib for g in reach):
+            requirements.append(NodeRequirement(KARPENTER_GPU_MEMORY_LABEL, tuple(str(m) for m in known)))
             reach = tuple(g for g in reach if g.karpenter_memory_mib in memories)
     if mig:
         reach = tuple(g for g in reach if g.mig_memory(mig) is not None) or reach
@@ -327,8 +328,11 @@ def _smallest(products: tuple[GPUInfo, ...], mig: Optional[str]) -> tuple[Option
     """(memory, source, estimated) of the product with the least memory (of one slice with a MIG profile).
 
     The source reads "catalog NVIDIA-H100-PCIe: 79.11 GiB (<document>)"; _short(source) drops the document."""
-    sized = [(g.mig_memory(mig) if mig else g.memory_bytes, g) for g in products]
-    sized = [(memory, g) for memory, g in sized if memory is not None]
+    sized: list[tuple[int, GPUInfo]] = []
+    for g in products:
+        memory = g.mig_memory(mig) if mig else g.memory_bytes
+        if memory is not None:
+            sized.append((memory, g))
     if not sized:
         return None, "", False
     memory, smallest = min(sized, key=lambda item: item[0])

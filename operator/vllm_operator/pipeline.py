@@ -184,7 +184,7 @@ def plan_server(
     model_error = None
     model_error_field = "spec.model.architecture"
     base = None
-    resolving = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files, "cache": configs}
+    resolving: dict[str, Any] = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files, "cache": configs}
     refused = urls.config_problem(spec.model.config_url) if urls and spec.model.config_url else None
     try:
         if refused:

@@ -109,7 +109,8 @@ def wanted_lines(text: str) -> Optional[str]:
     for line in text.split("\n"):
         if not line.startswith(_WANTED):
             continue
-        if _NAME.match(line).group() not in _WANTED:  # type: ignore[union-attr] - matches "" at worst
+        name = _NAME.match(line)  # matches "" at worst
+        if name is None or name.group() not in _WANTED:
             continue  # e.g. vllm:num_requests_waiting_by_reason
         size += len(line) + 1
         if len(line) > MAX_LINE_BYTES or size > MAX_SELECTED_BYTES:

@@ -446,12 +446,13 @@ def estimate_parameter_count(
 
 
 def _estimate(fields: dict[str, Any]) -> int:
-    return estimate_parameter_count(**{
+    known: dict[str, Any] = {
         k: fields.get(k) for k in (
             "num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
             "intermediate_size", "vocab_size", "num_experts", "tie_word_embeddings",
         )
-    })
+    }
+    return estimate_parameter_count(**known)
 
 
 # --------------------------------------------------------------------------- resolve
@@ -731,7 +732,8 @@ def match_gpu(name: str, convention: str = "GFD") -> Optional[GPUMatch]:
         return GPUMatch((index.by_key[key],), None, shared, mig)
     # Last, dashes ignored (L40-S, A100-80-GB, RTX6000-Ada), where that names one product or family.
     compact = key.replace("-", "")
-    found = {(family, products) for k, (family, products) in index.families.items() if k.replace("-", "") == compact}
+    found: set[tuple[Optional[str], tuple[GPUInfo, ...]]] = {
+        (family, products) for k, (family, products) in index.families.items() if k.replace("-", "") == compact}
     found |= {(None, (info,)) for k, info in index.by_key.items() if k.replace("-", "") == compact}
     if len(found) == 1:
         family, products = found.pop()

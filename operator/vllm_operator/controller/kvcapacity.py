@@ -116,6 +116,7 @@ class Observations:
                     due.append(ref)
             self._forget(now)
         for ref in due:
+            assert self.submit is not None  # nothing is due without it
             try:
                 future = self.submit(ref)
             except RuntimeError as e:  # the pool is shut down (the operator stops)
