@@ -68,6 +68,11 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
         "probabilities); it runs after the forward pass has freed its activations, so the peak is the larger of the "
         "two, not their sum (v1 gpu_model_runner.profile_run; the 10517 log shows no logits term at 20k/29k tokens)",
     ),
+    "concurrent_batches": (
+        2,
+        "batches in flight at once: vLLM 0.32 turns async scheduling on by default (VllmConfig.max_concurrent_batches "
+        "is 2 then); a sliding-window layer keeps their tokens beside its window",
+    ),
     "context_headroom": (0.90, "derived --max-model-len stays within 90% of the estimated KV tokens"),
     "quant_overhead": (1.03, "scales and zero points of 4-bit group quantization (group size 128)"),
     "load_bandwidth": (200e6, "conservative bytes/s to download or read weights at start"),
@@ -324,11 +329,109 @@ def dtype_bytes(spec: VLLMServerSpec, model: ResolvedModel) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def kv_bytes_per_token(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
-    """2 (K and V) x layers x max(1, kv_heads // TP) x head_dim x dtype bytes, per GPU."""
+def kv_bytes_per_token_per_layer(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
+    """One token's KV in one layer on one GPU, as vLLM's KV cache specs size a page (vllm/v1/kv_cache_interface.py).
+
+    Attention (FullAttentionSpec, SlidingWindowSpec): 2 (K and V) x max(1, kv_heads // TP) x head_dim x dtype
+    bytes. Multi-head latent attention (MLAAttentionSpec, DeepSeek V2/V3, Kimi K2): one latent of kv_lora_rank +
+    qk_rope_head_dim values, not per head and not split by TP (every GPU holds it whole)."""
     kv_elem = 1 if kv_dtype.startswith("fp8") else elem_bytes
+    if arch.kv_lora_rank:
+        return (arch.kv_lora_rank + (arch.qk_rope_head_dim or 0)) * kv_elem
     kv_heads_per_gpu = max(1, arch.num_kv_heads // tp)
-    return 2 * arch.num_layers * kv_heads_per_gpu * arch.head_dim * kv_elem
+    return 2 * kv_heads_per_gpu * arch.head_dim * kv_elem
+
+
+def kv_bytes_per_token(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
+    """One token's KV in every layer on one GPU (what a token costs while it is inside every window)."""
+    return arch.num_layers * kv_bytes_per_token_per_layer(arch, tp, kv_dtype, elem_bytes)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How vLLM pools one GPU's KV cache for a model (vllm/v1/core/kv_cache_utils.py).
+
+    Layers are put into groups of one attention type and `group_size` layers each (full attention, sliding
+    window; _get_kv_cache_groups_uniform_page_size: the smaller type's count, or the larger when it is under 1.5x
+    the smaller, padding the last group). One block of the shared pool holds `block_size` tokens of every layer
+    of one group, so it costs group_size pages, and a request takes blocks from every group: cdiv(length,
+    block_size) from each full-attention group, and from each sliding group only what its window keeps
+    (SlidingWindowSpec.max_admission_blocks_per_request: cdiv(min(window - 1 + tokens in flight, length),
+    block_size) + 1). vLLM logs num_blocks / blocks_per_request(max_model_len) x max_model_len as "GPU KV cache
+    size: N tokens" (get_kv_cache_capacity)."""
+
+    page_bytes: int
+    full_layers: int
+    sliding_layers: int = 0
+    sliding_window: int = 0
+    block_size: int = 16
+
+    @property
+    def group_size(self) -> int:
+        counts = [n for n in (self.full_layers, self.sliding_layers) if n]
+        small, large = min(counts), max(counts)
+        return large if large < small * 1.5 else small
+
+    @property
+    def groups(self) -> tuple[int, int]:
+        """(full-attention groups, sliding-window groups)."""
+        size = self.group_size
+        return -(-self.full_layers // size), -(-self.sliding_layers // size)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.group_size * self.page_bytes
+
+    def num_blocks(self, available_bytes: float) -> int:
+        return max(0, int(available_bytes // self.bytes_per_block))
+
+    def blocks_per_request(self, length: int, in_flight: int) -> int:
+        full, sliding = self.groups
+        blocks = full * -(-length // self.block_size)
+        if sliding:
+            kept = min(self.sliding_window - 1 + in_flight, length)
+            blocks += sliding * (-(-kept // self.block_size) + 1)
+        return blocks
+
+    def tokens(self, available_bytes: float, length: int, in_flight: int) -> int:
+        """vLLM's "GPU KV cache size: N tokens" for requests of `length` tokens."""
+        return int(self.num_blocks(available_bytes) / self.blocks_per_request(length, in_flight) * length)
+
+    def longest_request(self, available_bytes: float, in_flight: int) -> int:
+        """The longest request (a whole number of blocks) whose blocks fit the pool: vLLM refuses a longer
+        --max-model-len (check_enough_kv_cache_memory)."""
+        blocks = self.num_blocks(available_bytes)
+        full, sliding = self.groups
+        if not full:  # every layer slides: any length fits once the window's blocks do
+            fits = sliding * (-(-(self.sliding_window - 1 + in_flight) // self.block_size) + 1) <= blocks
+            return 10**9 if fits else 0
+        # The sliding groups' share saturates at the window, so take it at its largest (a length past the window).
+        window_blocks = self.blocks_per_request(10**9, in_flight) - full * -(-10**9 // self.block_size)
+        longest = (blocks - window_blocks) // full * self.block_size
+        if longest <= self.sliding_window - 1 + in_flight:  # shorter than the window: every group grows with it
+            longest = blocks // (full + sliding) * self.block_size
+            while longest > 0 and self.blocks_per_request(longest, in_flight) > blocks:
+                longest -= self.block_size
+        return max(0, longest)
+
+
+def kv_layout(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> KVLayout:
+    """The model's KVLayout on one GPU: sliding-window layers (arch.sliding_window, sliding_window_layers) in
+    their own groups, every other layer full attention; MLA pages from the latent width."""
+    page = int(_a("block_size")) * kv_bytes_per_token_per_layer(arch, tp, kv_dtype, elem_bytes)
+    sliding = 0
+    if arch.sliding_window and not arch.kv_lora_rank:
+        sliding = min(arch.num_layers, arch.sliding_window_layers if arch.sliding_window_layers is not None
+                      else arch.num_layers)
+    return KVLayout(page_bytes=page, full_layers=arch.num_layers - sliding, sliding_layers=sliding,
+                    sliding_window=(arch.sliding_window or 0) if sliding else 0, block_size=int(_a("block_size")))
+
+
+def tokens_in_flight(batched_tokens: int) -> int:
+    """Tokens scheduled but not yet settled, that a sliding window keeps beside its window
+    (VllmConfig.max_in_flight_tokens): max_num_batched_tokens per concurrent batch; vLLM 0.32 schedules
+    asynchronously by default, two batches at once."""
+    return int(_a("concurrent_batches")) * batched_tokens
 
 
 def weight_bytes(arch: api.ModelArchitecture, quantization: str, elem_bytes: int) -> int:
@@ -860,11 +963,15 @@ def plan(
                   f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
         return p
     block = int(_a("block_size"))
-    p.kv_cache_tokens = _round_down(kv / p.kv_bytes_per_token, block)
+    layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched)
+    model_limit = arch.max_position_embeddings
+    # The longest request the pool holds (for all-global attention: every block's tokens), then, once the
+    # length is chosen, what vLLM logs for it (sliding-window layers hold only their window of each request).
+    p.kv_cache_tokens = min(layout.longest_request(kv, in_flight), model_limit)
 
     # ---- max model len
-    model_limit = arch.max_position_embeddings
-    fit_limit = _round_down(p.kv_cache_tokens * _a("context_headroom"), block)
+    headroom = _a("context_headroom")
+    fit_limit = _round_down(min(layout.longest_request(kv * headroom, in_flight), headroom * p.kv_cache_tokens), block)
     if e.max_model_len is not None:
         length = e.max_model_len
         if length > model_limit:
@@ -904,6 +1011,8 @@ def plan(
                 p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
                           f"({typical} tokens); add GPUs or use a quantized model")
     p.max_model_len = length
+    if length > 0:
+        p.kv_cache_tokens = layout.tokens(kv, length, in_flight)
     p.decisions.append(FlagDecision("--max-model-len", str(length), len_why, pinned=e.max_model_len is not None))
 
     # cap seqs by what the KV cache can hold for typical requests
