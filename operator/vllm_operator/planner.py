@@ -37,14 +37,6 @@ MiB = 2**20
 ASSUMPTIONS: dict[str, tuple[float, str]] = {
     "block_size": (16, "vLLM's default KV block size; KV capacity is counted in whole blocks"),
     "default_utilization": (0.92, "vLLM's default --gpu-memory-utilization (0.9 before 0.11)"),
-    "non_torch_tp1": (
-        0.35 * GiB,
-        "non-torch memory (CUDA context, cuBLAS) vLLM measured for Llama-3.1-8B on an RTX 3090 (vllm issue 10517)",
-    ),
-    "nccl_per_gpu_tp": (
-        2.1 * GiB,
-        "NCCL and custom all-reduce buffers per GPU at TP>=2 (llm-d capacity planner accuracy report)",
-    ),
     "cuda_graph_per_gpu": (
         0.75 * GiB,
         "CUDA graph pool per GPU; vLLM >= 0.21 profiles it and takes it from the KV cache, inside the "
@@ -61,17 +53,6 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
         "activation peak per batched token = (2 x intermediate / TP + 7 x hidden) x dtype bytes; fitted to vLLM's "
         "peak_torch_memory for Llama-3.1-8B at 20k and 29k batched tokens (vllm issue 10517: 2.07 and 2.99 GiB "
         "above the weights, i.e. ~6.4 x hidden), rounded up",
-    ),
-    "logits_bytes": (
-        12,
-        "bytes per logit of the sampler's dummy run over max_num_seqs rows x vocab (bf16 logits, their float32 copy, "
-        "probabilities); it runs after the forward pass has freed its activations, so the peak is the larger of the "
-        "two, not their sum (v1 gpu_model_runner.profile_run; the 10517 log shows no logits term at 20k/29k tokens)",
-    ),
-    "concurrent_batches": (
-        2,
-        "batches in flight at once: vLLM 0.32 turns async scheduling on by default (VllmConfig.max_concurrent_batches "
-        "is 2 then); a sliding-window layer keeps their tokens beside its window",
     ),
     "context_headroom": (0.90, "derived --max-model-len stays within 90% of the estimated KV tokens"),
     "quant_overhead": (1.03, "scales and zero points of 4-bit group quantization (group size 128)"),
@@ -100,6 +81,78 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
 
 def _a(name: str) -> float:
     return ASSUMPTIONS[name][0]
+
+
+@dataclass(frozen=True)
+class ProfileTerms:
+    """What one range of vLLM releases takes from the memory budget besides the weights and the KV cache
+    (gpu_worker.determine_available_memory), and how its sliding windows count tokens in flight. Each figure
+    is read off vLLM's own logs (the source says which); a release uses the entry with the latest `since` not
+    after it."""
+
+    since: tuple[int, int]
+    logits_bytes: float
+    """Peak bytes per logit of the sampler's dummy run over max_num_seqs rows x vocabulary: it dominates the
+    activation peak whenever max_num_seqs x vocab is large (1024 rows on >=70 GiB GPUs)."""
+    non_torch: float
+    """Non-torch memory at TP=1 (CUDA context growth, cuBLAS workspaces), bytes per GPU."""
+    tp_overhead: float
+    """What TP >= 2 adds to non-torch memory per GPU (NCCL buffers, custom all-reduce IPC buffers), bytes."""
+    cuda_graphs_in_budget: bool
+    """Whether the CUDA-graph pool is profiled before the KV cache and taken out of it."""
+    concurrent_batches: int
+    """Batches in flight at once (VllmConfig.max_concurrent_batches): a sliding-window layer keeps their
+    tokens beside its window (SlidingWindowSpec.max_admission_blocks_per_request)."""
+    source: str
+
+
+#: vLLM's memory profile by release, oldest first.
+PROFILE_TERMS: tuple[ProfileTerms, ...] = (
+    ProfileTerms(
+        since=(0, 0), logits_bytes=40, non_torch=0.35 * GiB, tp_overhead=1.8 * GiB, cuda_graphs_in_budget=False,
+        concurrent_batches=1,
+        source="V0 engine. vllm#10517 (RTX 3090, Llama-3.1-8B): non_torch_memory 0.35 GiB. vllm PR 10511 (0.6.5, H100, "
+               "Meta-Llama-3-8B, max_num_seqs 256): activation peak 1.26 GiB = 41 bytes per logit of 256 x 128256 "
+               "(above the forward pass), non_torch 1.79 GiB at TP=1 and 3.58 GiB at TP=2 (+1.79 GiB)"),
+    ProfileTerms(
+        since=(0, 10), logits_bytes=12, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=False,
+        concurrent_batches=1,
+        source="V1 with FlashInfer's top-k/top-p sampler (vLLM 0.10 logs 'Using FlashInfer for top-p & top-k "
+               "sampling'). dennislee22/vLLM-benchmarking logs (0.10.1.1, A100 80GB, Qwen2-7B-Instruct, max_num_seqs "
+               "256): budget - weights - KV = 0.53 GiB at TP=1 = 0.44 GiB of 256 x 152064 logits at 12 bytes + non-torch; "
+               "0.62 GiB at TP=2 without GPU peer-to-peer (custom all-reduce off); gpt-oss-120b at TP=4: 284.25x "
+               "concurrency is exactly one batch of max_num_batched_tokens beside the 128-token window"),
+    ProfileTerms(
+        since=(0, 11), logits_bytes=39, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=False,
+        concurrent_batches=1,
+        source="V1 sampling without FlashInfer. llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md "
+               "(H100 79.18 GiB, max_num_seqs 1024): activation peak 4.76 (Llama-3.1-8B), 4.84 (Llama-3.3-70B-FP8 at "
+               "TP=2), 5.56 (Qwen3-0.6B), 5.64 (Qwen3-32B), 7.38 GiB (gpt-oss-20b) = 38.4-39.6 bytes per logit of 1024 x "
+               "vocab, the same at max_model_len 16000 and 32000; non-torch 0.13-0.14 GiB at TP=1, 0.55 GiB at TP=2 "
+               "(+0.42); the PyTorch top-k/top-p fallback on A100 in the 0.10.1.1 logs costs the same (1.5 GiB over "
+               "256 x 152064 logits)"),
+    ProfileTerms(
+        since=(0, 21), logits_bytes=39, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
+        concurrent_batches=1,
+        source="vLLM 0.21 profiles the CUDA-graph pool before the KV cache and takes it out of the budget "
+               "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default; eugr/spark-vllm-docker#396 on 0.29: "
+               "'the CUDA-graph memory profiling (default since v0.21)')"),
+    ProfileTerms(
+        since=(0, 32), logits_bytes=39, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
+        concurrent_batches=2,
+        source="vLLM 0.32's source: async scheduling is on by default, so VllmConfig.max_concurrent_batches is 2; "
+               "the V1 model runner's _dummy_sampler_run also warms the PyTorch top-k/top-p path (forward_native), "
+               "so its peak is the 39-byte one above (Model Runner V2 skips top-k/top-p in its dummy run and peaks "
+               "lower: vllm PR 48037, 3.04 GiB on H100; the larger figure is kept)"),
+)
+
+
+def profile_terms(release: Optional[str] = None) -> ProfileTerms:
+    """The ProfileTerms of a vLLM release ("0.10.1.1", "v0.32.0"); None or an unreadable one: the pinned
+    snapshot's release (vllm_flags.VERSION)."""
+    found = re.match(r"v?(\d+)\.(\d+)", release or "") or re.match(r"v?(\d+)\.(\d+)", vllm_flags.VERSION)
+    key = (int(found.group(1)), int(found.group(2))) if found else (10**6, 0)
+    return [t for t in PROFILE_TERMS if t.since <= key][-1]
 
 
 BYTES_PER_WEIGHT = {
@@ -427,11 +480,10 @@ def kv_layout(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: i
                     sliding_window=(arch.sliding_window or 0) if sliding else 0, block_size=int(_a("block_size")))
 
 
-def tokens_in_flight(batched_tokens: int) -> int:
+def tokens_in_flight(batched_tokens: int, terms: Optional[ProfileTerms] = None) -> int:
     """Tokens scheduled but not yet settled, that a sliding window keeps beside its window
-    (VllmConfig.max_in_flight_tokens): max_num_batched_tokens per concurrent batch; vLLM 0.32 schedules
-    asynchronously by default, two batches at once."""
-    return int(_a("concurrent_batches")) * batched_tokens
+    (VllmConfig.max_in_flight_tokens): max_num_batched_tokens per concurrent batch (ProfileTerms)."""
+    return (terms or profile_terms()).concurrent_batches * batched_tokens
 
 
 def weight_bytes(arch: api.ModelArchitecture, quantization: str, elem_bytes: int) -> int:
@@ -455,14 +507,24 @@ def rotary_cache_bytes(arch: api.ModelArchitecture, elem_bytes: int) -> int:
     return arch.max_position_embeddings * arch.head_dim * elem_bytes
 
 
-def activation_bytes(arch: api.ModelArchitecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int) -> int:
+def activation_bytes(arch: api.ModelArchitecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int,
+                     terms: Optional[ProfileTerms] = None) -> int:
     """Peak memory of vLLM's profiling run: the forward pass over `batched_tokens`, or the sampler's
-    dummy run over `max_num_seqs` logits rows that follows it (holding only the hidden states), whichever is larger."""
+    dummy run over `max_num_seqs` logits rows that follows it (holding only the hidden states), whichever is larger.
+    The logits are the whole vocabulary on every GPU (the LM head's output is gathered before sampling), so TP does
+    not divide them: llm-d's H100 logs show 4.84 GiB for Llama-3.3-70B at TP=2 against 4.76 for Llama-3.1-8B."""
     per_token = (2 * arch.intermediate_size / tp + _a("activation_hidden_factor") * arch.hidden_size) * elem_bytes
     forward = batched_tokens * per_token
     rows = min(max_num_seqs, batched_tokens)
-    sampler = rows * arch.vocab_size * _a("logits_bytes") + batched_tokens * arch.hidden_size * elem_bytes
+    logits = (terms or profile_terms()).logits_bytes
+    sampler = rows * arch.vocab_size * logits + batched_tokens * arch.hidden_size * elem_bytes
     return int(max(forward, sampler))
+
+
+def non_torch_bytes(tp: int, terms: Optional[ProfileTerms] = None) -> int:
+    """Non-torch memory per GPU: the release's TP=1 figure, plus its TP overhead from two GPUs on."""
+    terms = terms or profile_terms()
+    return int(terms.non_torch + (terms.tp_overhead if tp > 1 else 0))
 
 
 def _divisors(n: int, limit: int = 64) -> list[int]:
@@ -879,7 +941,8 @@ def plan(
     # ---- memory budget
     total = p.gpu_memory
     reserved = int(parse_quantity(spec.gpu.reserved_memory))
-    graphs = 0 if e.enforce_eager else int(_a("cuda_graph_per_gpu"))
+    terms = profile_terms(image_vllm_version(spec.image))
+    graphs = 0 if e.enforce_eager or not terms.cuda_graphs_in_budget else int(_a("cuda_graph_per_gpu"))
     outside = _a("cuda_context") + _a("safety_margin")
     ceiling = (total - reserved - outside) / total
     if e.gpu_memory_utilization is not None:
@@ -940,8 +1003,8 @@ def plan(
                   "max-num-batched-tokens >= max-num-seqs")
 
     # ---- activation, overheads, KV
-    activation = activation_bytes(arch, tp, batched, seqs, elem)
-    non_torch = int(_a("non_torch_tp1") + (_a("nccl_per_gpu_tp") if tp > 1 else 0))
+    activation = activation_bytes(arch, tp, batched, seqs, elem, terms)
+    non_torch = non_torch_bytes(tp, terms)
     kv = budget - weights - activation - non_torch - graphs
     p.memory = Memory(total=total, reserved=reserved, budget=budget, weights=weights, activation=activation,
                       non_torch=non_torch, kv_cache=max(kv, 0), cuda_graphs=graphs)
@@ -953,7 +1016,7 @@ def plan(
             if t <= tp or not tp_shards_evenly(arch, t):
                 continue
             need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, elem)
-                    + activation_bytes(arch, t, batched, seqs, elem) + int(_a("non_torch_tp1") + _a("nccl_per_gpu_tp"))
+                    + activation_bytes(arch, t, batched, seqs, elem, terms) + non_torch_bytes(t, terms)
                     + graphs)
             if need < budget:
                 hint = f"use more GPUs (gpu.count: {t} leaves room for the KV cache)"
@@ -963,11 +1026,12 @@ def plan(
                   f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
         return p
     block = int(_a("block_size"))
-    layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched)
+    layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms)
     model_limit = arch.max_position_embeddings
     # The longest request the pool holds (for all-global attention: every block's tokens), then, once the
     # length is chosen, what vLLM logs for it (sliding-window layers hold only their window of each request).
-    p.kv_cache_tokens = min(layout.longest_request(kv, in_flight), model_limit)
+    p.kv_cache_tokens = (layout.longest_request(kv, in_flight) if layout.full_layers
+                         else layout.tokens(kv, model_limit, in_flight))  # every layer slides: no longest request
 
     # ---- max model len
     headroom = _a("context_headroom")
