@@ -266,3 +266,29 @@ def test_release_terms_follow_the_image():
     assert planner.profile_terms("v0.6.4").since == (0, 0)
     assert planner.profile_terms("0.32.0") == planner.profile_terms(None)
     assert not planner.profile_terms("0.20.1").cuda_graphs_in_budget and planner.profile_terms("0.21.0").cuda_graphs_in_budget
+
+
+BERT_CONFIG = {  # BAAI/bge-large-en-v1.5's config.json shapes (BertModel)
+    "architectures": ["BertModel"], "model_type": "bert", "hidden_size": 1024, "intermediate_size": 4096,
+    "num_attention_heads": 16, "num_hidden_layers": 24, "max_position_embeddings": 512, "vocab_size": 30522,
+    "torch_dtype": "float32"}
+
+
+def test_encoder_only_pooling_model_has_no_kv_cache_and_no_sampler():
+    """vLLM 0.32's EncoderOnlyAttention.get_kv_cache_spec returns None: a BERT-like model keeps no KV cache, so
+    neither its length nor its sequences are limited by one, and its profile runs a pooler, not a sampler."""
+    arch = catalog.architecture_from_config(BERT_CONFIG)
+    assert arch.encoder_only
+    spec = api.VLLMServerSpec.model_validate({
+        "model": {"name": "BAAI/bge-large-en-v1.5", "architecture": arch.model_dump(by_alias=True, exclude_none=True)},
+        "gpu": {"count": 1, "product": "NVIDIA-L4"},
+        "workloadProfile": {"p95PromptTokens": 400, "p95OutputTokens": 1, "targetConcurrency": 64}})
+    plan = pipeline.plan_server("bge", "default", spec)
+    assert plan.fits, plan.problems
+    assert plan.max_model_len == 512 and plan.max_num_seqs == 80  # Little's law only: no KV cap
+    assert plan.kv_cache_tokens == 0 and plan.memory.kv_cache == 0 and plan.kv_bytes_per_token == 0
+    forward_only = planner.activation_bytes(arch, 1, plan.max_num_batched_tokens, plan.max_num_seqs, 2)
+    decoder = planner.activation_bytes(arch.model_copy(update={"encoder_only": None}), 1,
+                                       plan.max_num_batched_tokens, plan.max_num_seqs, 2)
+    assert plan.memory.activation == forward_only < decoder
+    assert any("no KV cache" in n for n in plan.notes)

@@ -277,6 +277,10 @@ class ModelArchitecture(_Model):
     every GPU (MLAAttentionSpec), instead of K and V per head."""
     qk_rope_head_dim: Optional[int] = Field(None, ge=0, le=65536, alias="qkRopeHeadDim")
     """Multi-head latent attention: the rotary key part cached beside the latent (config.json: qk_rope_head_dim)."""
+    encoder_only: Optional[bool] = Field(None, alias="encoderOnly")
+    """The model attends bidirectionally: an encoder-only pooling model (BERT, RoBERTa, XLM-RoBERTa, ModernBERT:
+    embedding, classification, reranking). vLLM keeps no KV cache for it (EncoderOnlyAttention has no KV cache
+    spec) and runs no sampler, so the plan sizes the weights and the forward pass only (config.json: model_type)."""
     tie_word_embeddings: Optional[bool] = Field(None, alias="tieWordEmbeddings")
     """Whether the output projection shares the embedding matrix (config.json: tie_word_embeddings)."""
     torch_dtype: Optional[Literal["bfloat16", "float16", "float32"]] = Field(None, alias="torchDtype")

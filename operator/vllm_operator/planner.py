@@ -510,11 +510,14 @@ def rotary_cache_bytes(arch: api.ModelArchitecture, elem_bytes: int) -> int:
 def activation_bytes(arch: api.ModelArchitecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int,
                      terms: Optional[ProfileTerms] = None) -> int:
     """Peak memory of vLLM's profiling run: the forward pass over `batched_tokens`, or the sampler's
-    dummy run over `max_num_seqs` logits rows that follows it (holding only the hidden states), whichever is larger.
+    dummy run over `max_num_seqs` logits rows that follows it (holding only the hidden states), whichever is larger;
+    an encoder-only pooling model runs its pooler instead of a sampler (no logits).
     The logits are the whole vocabulary on every GPU (the LM head's output is gathered before sampling), so TP does
     not divide them: llm-d's H100 logs show 4.84 GiB for Llama-3.3-70B at TP=2 against 4.76 for Llama-3.1-8B."""
     per_token = (2 * arch.intermediate_size / tp + _a("activation_hidden_factor") * arch.hidden_size) * elem_bytes
     forward = batched_tokens * per_token
+    if arch.encoder_only:
+        return int(forward)
     rows = min(max_num_seqs, batched_tokens)
     logits = (terms or profile_terms()).logits_bytes
     sampler = rows * arch.vocab_size * logits + batched_tokens * arch.hidden_size * elem_bytes
@@ -1032,10 +1035,16 @@ def plan(
     # length is chosen, what vLLM logs for it (sliding-window layers hold only their window of each request).
     p.kv_cache_tokens = (layout.longest_request(kv, in_flight) if layout.full_layers
                          else layout.tokens(kv, model_limit, in_flight))  # every layer slides: no longest request
-
-    # ---- max model len
     headroom = _a("context_headroom")
     fit_limit = _round_down(min(layout.longest_request(kv * headroom, in_flight), headroom * p.kv_cache_tokens), block)
+    if arch.encoder_only:  # no KV cache at all: the length is the model's, the memory beyond the forward pass unused
+        p.kv_bytes_per_token = p.kv_cache_tokens = 0
+        p.memory.kv_cache, fit_limit = 0, model_limit
+        p.notes.append("encoder-only pooling model: vLLM keeps no KV cache for it (EncoderOnlyAttention) and runs no "
+                       f"sampler; {gib(kv)} per GPU of the budget stay unused (a lower engine.gpuMemoryUtilization "
+                       "leaves them to others)")
+
+    # ---- max model len
     if e.max_model_len is not None:
         length = e.max_model_len
         if length > model_limit:
@@ -1054,7 +1063,8 @@ def plan(
         length = min(requested, model_limit, fit_limit)
         if length == requested:
             len_why = "workloadProfile.maxContextTokens" if prof.max_context_tokens else "the model's own limit"
-            len_why += f", which fits the KV cache ({p.kv_cache_tokens} tokens)"
+            len_why += (" (no KV cache: an encoder-only model)" if arch.encoder_only
+                        else f", which fits the KV cache ({p.kv_cache_tokens} tokens)")
         else:
             len_why = (f"the KV cache holds {p.kv_cache_tokens} tokens; {length} keeps a "
                        f"{int(100 - _a('context_headroom') * 100)}% margin (wanted {requested})")
@@ -1075,14 +1085,14 @@ def plan(
                 p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
                           f"({typical} tokens); add GPUs or use a quantized model")
     p.max_model_len = length
-    if length > 0:
+    if length > 0 and not arch.encoder_only:
         p.kv_cache_tokens = layout.tokens(kv, length, in_flight)
     p.decisions.append(FlagDecision("--max-model-len", str(length), len_why, pinned=e.max_model_len is not None))
 
     # cap seqs by what the KV cache can hold for typical requests
     if e.max_num_seqs is None:
         typical = (prof.p95_prompt_tokens or 0) + (prof.p95_output_tokens or 0)
-        if typical:
+        if typical and not arch.encoder_only:
             cap = max(1, p.kv_cache_tokens // typical)
             if cap < seqs:
                 seqs, seqs_why = cap, f"the KV cache holds {cap} requests of p95 prompt+output ({typical} tokens)"

@@ -290,6 +290,7 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
         "tie_word_embeddings": tie if isinstance(tie, bool) else None,
         "sliding_window": window,
         "sliding_window_layers": window_layers,
+        "encoder_only": True if str(cfg.get("model_type") or "").lower() in _ENCODER_ONLY else None,
         "kv_lora_rank": _positive_int(cfg.get("kv_lora_rank")),
         "qk_rope_head_dim": _positive_int(cfg.get("qk_rope_head_dim")) if cfg.get("kv_lora_rank") else None,
         "torch_dtype": dtype,
@@ -301,6 +302,8 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
         raise ValueError(f"out of range: {', '.join(_out_of_range(err))}") from None
 
 
+#: model_type values of encoder-only models, whose attention vLLM serves with EncoderOnlyAttention: no KV cache.
+_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "modernbert", "distilbert", "nomic_bert", "electra")
 #: model_type values whose every layer attends within config.json's sliding_window (vLLM builds a SlidingWindowSpec
 #: for each layer): Mistral 7B v0.1 and Mixtral write a window; v0.3 writes null, which leaves them all-global.
 _ALL_LAYERS_SLIDE = ("mistral", "mixtral")
