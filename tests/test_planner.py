@@ -53,8 +53,9 @@ def arg_value(args: list[str], flag: str) -> str:
 #       "The model's max seq len (29000) is larger than the maximum number of tokens that can be
 #       stored in KV cache (23648)" -> refused to start.
 # V0 captured CUDA graphs after sizing the KV cache, so these figures hold no graph memory; vLLM 0.32
-# (the pinned release) takes its CUDA-graph estimate out of the KV cache instead. To compare like
-# with like, the spec sets enforceEager (no CUDA graphs), which leaves the KV arithmetic identical.
+# (the pinned release) takes its CUDA-graph estimate out of the KV cache instead. The plan is made for
+# a V0 image (planner.PROFILE_TERMS: V0's sampler and non-torch figures) and with enforceEager.
+ISSUE_10517_IMAGE = "vllm/vllm-openai:v0.6.4"
 ISSUE_10517_GPU_MEMORY = "23.58Gi"
 ISSUE_10517_WEIGHTS_GIB = 14.9888
 ISSUE_10517_NON_TORCH_GIB = 0.35
@@ -64,9 +65,10 @@ ISSUE_10517 = {  # max_model_len: (peak_torch_memory GiB, kv_cache_size GiB, KV 
 }
 
 
-def issue_10517_plan(max_model_len: int, *, enforce_eager: bool = True) -> Plan:
+def issue_10517_plan(max_model_len: int, *, enforce_eager: bool = True, image: str = ISSUE_10517_IMAGE) -> Plan:
     return plan_for(
         LLAMA_8B,
+        image=image,
         gpu={"count": 1, "memory": ISSUE_10517_GPU_MEMORY},
         engine={
             "gpuMemoryUtilization": 0.90,
@@ -120,7 +122,8 @@ def test_refuses_what_vllm_refused_in_issue_10517_at_29k_tokens():
 
 def test_cuda_graphs_come_out_of_the_kv_cache():
     """vLLM >= 0.21 profiles CUDA graphs inside the budget: without enforceEager the KV cache is smaller by them."""
-    eager, graphs = issue_10517_plan(20000), issue_10517_plan(20000, enforce_eager=False)
+    eager = issue_10517_plan(20000, image=api.DEFAULT_IMAGE)
+    graphs = issue_10517_plan(20000, enforce_eager=False, image=api.DEFAULT_IMAGE)
     assert graphs.memory.cuda_graphs > 0 and eager.memory.cuda_graphs == 0
     assert graphs.memory.budget == eager.memory.budget
     assert graphs.memory.kv_cache == eager.memory.kv_cache - graphs.memory.cuda_graphs

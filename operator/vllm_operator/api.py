@@ -269,6 +269,23 @@ class ModelArchitecture(_Model):
     """Total number of parameters (all experts for a mixture of experts), e.g. 8030261248."""
     num_experts: Optional[int] = Field(None, ge=1, le=4096, alias="numExperts")
     """Routed experts per MoE layer (config.json: num_local_experts / num_experts); omit for dense models."""
+    sliding_window: Optional[int] = Field(None, ge=1, le=100_000_000, alias="slidingWindow")
+    """Tokens a sliding-window attention layer attends to (config.json: sliding_window, where the model uses it:
+    layer_types, Gemma 2/3's pattern, Mistral's all-layer window); vLLM keeps only the window's KV for those
+    layers (SlidingWindowSpec). Omit for all-global attention."""
+    sliding_window_layers: Optional[int] = Field(None, ge=0, le=1024, alias="slidingWindowLayers")
+    """How many of the layers use slidingWindow (config.json: layer_types' sliding_attention entries, Gemma 3's
+    sliding_window_pattern); the rest attend to the whole context. Omitted with slidingWindow: every layer."""
+    kv_lora_rank: Optional[int] = Field(None, ge=1, le=65536, alias="kvLoraRank")
+    """Multi-head latent attention (DeepSeek V2/V3, Kimi K2): the latent KV width per token per layer
+    (config.json: kv_lora_rank). vLLM caches kvLoraRank + qkRopeHeadDim values per token and layer, the same on
+    every GPU (MLAAttentionSpec), instead of K and V per head."""
+    qk_rope_head_dim: Optional[int] = Field(None, ge=0, le=65536, alias="qkRopeHeadDim")
+    """Multi-head latent attention: the rotary key part cached beside the latent (config.json: qk_rope_head_dim)."""
+    encoder_only: Optional[bool] = Field(None, alias="encoderOnly")
+    """The model attends bidirectionally: an encoder-only pooling model (BERT, RoBERTa, XLM-RoBERTa, ModernBERT:
+    embedding, classification, reranking). vLLM keeps no KV cache for it (EncoderOnlyAttention has no KV cache
+    spec) and runs no sampler, so the plan sizes the weights and the forward pass only (config.json: model_type)."""
     tie_word_embeddings: Optional[bool] = Field(None, alias="tieWordEmbeddings")
     """Whether the output projection shares the embedding matrix (config.json: tie_word_embeddings)."""
     torch_dtype: Optional[Literal["bfloat16", "float16", "float32"]] = Field(None, alias="torchDtype")

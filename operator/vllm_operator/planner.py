@@ -15,6 +15,7 @@ gpu.reservedMemory outside. Every constant is in `ASSUMPTIONS`, with its source.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -34,14 +35,6 @@ MiB = 2**20
 ASSUMPTIONS: dict[str, tuple[float, str]] = {
     "block_size": (16, "vLLM's default KV block size; KV capacity is counted in whole blocks"),
     "default_utilization": (0.92, "vLLM's default --gpu-memory-utilization (0.9 before 0.11)"),
-    "non_torch_tp1": (
-        0.35 * GiB,
-        "non-torch memory (CUDA context, cuBLAS) vLLM measured for Llama-3.1-8B on an RTX 3090 (vllm issue 10517)",
-    ),
-    "nccl_per_gpu_tp": (
-        2.1 * GiB,
-        "NCCL and custom all-reduce buffers per GPU at TP>=2 (llm-d capacity planner accuracy report)",
-    ),
     "cuda_graph_per_gpu": (
         0.75 * GiB,
         "CUDA graph pool per GPU; vLLM >= 0.21 profiles it and takes it from the KV cache, inside the "
@@ -58,12 +51,6 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
         "activation peak per batched token = (2 x intermediate / TP + 7 x hidden) x dtype bytes; fitted to vLLM's "
         "peak_torch_memory for Llama-3.1-8B at 20k and 29k batched tokens (vllm issue 10517: 2.07 and 2.99 GiB "
         "above the weights, i.e. ~6.4 x hidden), rounded up",
-    ),
-    "logits_bytes": (
-        12,
-        "bytes per logit of the sampler's dummy run over max_num_seqs rows x vocab (bf16 logits, their float32 copy, "
-        "probabilities); it runs after the forward pass has freed its activations, so the peak is the larger of the "
-        "two, not their sum (v1 gpu_model_runner.profile_run; the 10517 log shows no logits term at 20k/29k tokens)",
     ),
     "context_headroom": (0.90, "derived --max-model-len stays within 90% of the estimated KV tokens"),
     "quant_overhead": (1.03, "scales and zero points of 4-bit group quantization (group size 128)"),
@@ -92,6 +79,78 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
 
 def _a(name: str) -> float:
     return ASSUMPTIONS[name][0]
+
+
+@dataclass(frozen=True)
+class ProfileTerms:
+    """What one range of vLLM releases takes from the memory budget besides the weights and the KV cache
+    (gpu_worker.determine_available_memory), and how its sliding windows count tokens in flight. Each figure
+    is read off vLLM's own logs (the source says which); a release uses the entry with the latest `since` not
+    after it."""
+
+    since: tuple[int, int]
+    logits_bytes: float
+    """Peak bytes per logit of the sampler's dummy run over max_num_seqs rows x vocabulary: it dominates the
+    activation peak whenever max_num_seqs x vocab is large (1024 rows on >=70 GiB GPUs)."""
+    non_torch: float
+    """Non-torch memory at TP=1 (CUDA context growth, cuBLAS workspaces), bytes per GPU."""
+    tp_overhead: float
+    """What TP >= 2 adds to non-torch memory per GPU (NCCL buffers, custom all-reduce IPC buffers), bytes."""
+    cuda_graphs_in_budget: bool
+    """Whether the CUDA-graph pool is profiled before the KV cache and taken out of it."""
+    concurrent_batches: int
+    """Batches in flight at once (VllmConfig.max_concurrent_batches): a sliding-window layer keeps their
+    tokens beside its window (SlidingWindowSpec.max_admission_blocks_per_request)."""
+    source: str
+
+
+#: vLLM's memory profile by release, oldest first.
+PROFILE_TERMS: tuple[ProfileTerms, ...] = (
+    ProfileTerms(
+        since=(0, 0), logits_bytes=40, non_torch=0.35 * GiB, tp_overhead=1.8 * GiB, cuda_graphs_in_budget=False,
+        concurrent_batches=1,
+        source="V0 engine. vllm#10517 (RTX 3090, Llama-3.1-8B): non_torch_memory 0.35 GiB. vllm PR 10511 (0.6.5, H100, "
+               "Meta-Llama-3-8B, max_num_seqs 256): activation peak 1.26 GiB = 41 bytes per logit of 256 x 128256 "
+               "(above the forward pass), non_torch 1.79 GiB at TP=1 and 3.58 GiB at TP=2 (+1.79 GiB)"),
+    ProfileTerms(
+        since=(0, 10), logits_bytes=12, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=False,
+        concurrent_batches=1,
+        source="V1 with FlashInfer's top-k/top-p sampler (vLLM 0.10 logs 'Using FlashInfer for top-p & top-k "
+               "sampling'). dennislee22/vLLM-benchmarking logs (0.10.1.1, A100 80GB, Qwen2-7B-Instruct, max_num_seqs "
+               "256): budget - weights - KV = 0.53 GiB at TP=1 = 0.44 GiB of 256 x 152064 logits at 12 bytes + non-torch; "
+               "0.62 GiB at TP=2 without GPU peer-to-peer (custom all-reduce off); gpt-oss-120b at TP=4: 284.25x "
+               "concurrency is exactly one batch of max_num_batched_tokens beside the 128-token window"),
+    ProfileTerms(
+        since=(0, 11), logits_bytes=39, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=False,
+        concurrent_batches=1,
+        source="V1 sampling without FlashInfer. llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md "
+               "(H100 79.18 GiB, max_num_seqs 1024): activation peak 4.76 (Llama-3.1-8B), 4.84 (Llama-3.3-70B-FP8 at "
+               "TP=2), 5.56 (Qwen3-0.6B), 5.64 (Qwen3-32B), 7.38 GiB (gpt-oss-20b) = 38.4-39.6 bytes per logit of 1024 x "
+               "vocab, the same at max_model_len 16000 and 32000; non-torch 0.13-0.14 GiB at TP=1, 0.55 GiB at TP=2 "
+               "(+0.42); the PyTorch top-k/top-p fallback on A100 in the 0.10.1.1 logs costs the same (1.5 GiB over "
+               "256 x 152064 logits)"),
+    ProfileTerms(
+        since=(0, 21), logits_bytes=39, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
+        concurrent_batches=1,
+        source="vLLM 0.21 profiles the CUDA-graph pool before the KV cache and takes it out of the budget "
+               "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default; eugr/spark-vllm-docker#396 on 0.29: "
+               "'the CUDA-graph memory profiling (default since v0.21)')"),
+    ProfileTerms(
+        since=(0, 32), logits_bytes=39, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
+        concurrent_batches=2,
+        source="vLLM 0.32's source: async scheduling is on by default, so VllmConfig.max_concurrent_batches is 2; "
+               "the V1 model runner's _dummy_sampler_run also warms the PyTorch top-k/top-p path (forward_native), "
+               "so its peak is the 39-byte one above (Model Runner V2 skips top-k/top-p in its dummy run and peaks "
+               "lower: vllm PR 48037, 3.04 GiB on H100; the larger figure is kept)"),
+)
+
+
+def profile_terms(release: Optional[str] = None) -> ProfileTerms:
+    """The ProfileTerms of a vLLM release ("0.10.1.1", "v0.32.0"); None or an unreadable one: the pinned
+    snapshot's release (vllm_flags.VERSION)."""
+    found = re.match(r"v?(\d+)\.(\d+)", release or "") or re.match(r"v?(\d+)\.(\d+)", vllm_flags.VERSION)
+    key = (int(found.group(1)), int(found.group(2))) if found else (10**6, 0)
+    return [t for t in PROFILE_TERMS if t.since <= key][-1]
 
 
 BYTES_PER_WEIGHT = {
@@ -235,11 +294,108 @@ def dtype_bytes(spec: VLLMServerSpec, model: ResolvedModel) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def kv_bytes_per_token(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
-    """2 (K and V) x layers x max(1, kv_heads // TP) x head_dim x dtype bytes, per GPU."""
+def kv_bytes_per_token_per_layer(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
+    """One token's KV in one layer on one GPU, as vLLM's KV cache specs size a page (vllm/v1/kv_cache_interface.py).
+
+    Attention (FullAttentionSpec, SlidingWindowSpec): 2 (K and V) x max(1, kv_heads // TP) x head_dim x dtype
+    bytes. Multi-head latent attention (MLAAttentionSpec, DeepSeek V2/V3, Kimi K2): one latent of kv_lora_rank +
+    qk_rope_head_dim values, not per head and not split by TP (every GPU holds it whole)."""
     kv_elem = 1 if kv_dtype.startswith("fp8") else elem_bytes
+    if arch.kv_lora_rank:
+        return (arch.kv_lora_rank + (arch.qk_rope_head_dim or 0)) * kv_elem
     kv_heads_per_gpu = max(1, arch.num_kv_heads // tp)
-    return 2 * arch.num_layers * kv_heads_per_gpu * arch.head_dim * kv_elem
+    return 2 * kv_heads_per_gpu * arch.head_dim * kv_elem
+
+
+def kv_bytes_per_token(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
+    """One token's KV in every layer on one GPU (what a token costs while it is inside every window)."""
+    return arch.num_layers * kv_bytes_per_token_per_layer(arch, tp, kv_dtype, elem_bytes)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How vLLM pools one GPU's KV cache for a model (vllm/v1/core/kv_cache_utils.py).
+
+    Layers are put into groups of one attention type and `group_size` layers each (full attention, sliding
+    window; _get_kv_cache_groups_uniform_page_size: the smaller type's count, or the larger when it is under 1.5x
+    the smaller, padding the last group). One block of the shared pool holds `block_size` tokens of every layer
+    of one group, so it costs group_size pages, and a request takes blocks from every group: cdiv(length,
+    block_size) from each full-attention group, and from each sliding group only what its window keeps
+    (SlidingWindowSpec.max_admission_blocks_per_request: cdiv(min(window - 1 + tokens in flight, length),
+    block_size) + 1). vLLM logs num_blocks / blocks_per_request(max_model_len) x max_model_len as "GPU KV cache
+    size: N tokens" (get_kv_cache_capacity)."""
+
+    page_bytes: int
+    full_layers: int
+    sliding_layers: int = 0
+    sliding_window: int = 0
+    block_size: int = 16
+
+    @property
+    def group_size(self) -> int:
+        counts = [n for n in (self.full_layers, self.sliding_layers) if n]
+        small, large = min(counts), max(counts)
+        return large if large < small * 1.5 else small
+
+    @property
+    def groups(self) -> tuple[int, int]:
+        """(full-attention groups, sliding-window groups)."""
+        size = self.group_size
+        return -(-self.full_layers // size), -(-self.sliding_layers // size)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.group_size * self.page_bytes
+
+    def num_blocks(self, available_bytes: float) -> int:
+        return max(0, int(available_bytes // self.bytes_per_block))
+
+    def blocks_per_request(self, length: int, in_flight: int) -> int:
+        full, sliding = self.groups
+        blocks = full * -(-length // self.block_size)
+        if sliding:
+            kept = min(self.sliding_window - 1 + in_flight, length)
+            blocks += sliding * (-(-kept // self.block_size) + 1)
+        return blocks
+
+    def tokens(self, available_bytes: float, length: int, in_flight: int) -> int:
+        """vLLM's "GPU KV cache size: N tokens" for requests of `length` tokens."""
+        return int(self.num_blocks(available_bytes) / self.blocks_per_request(length, in_flight) * length)
+
+    def longest_request(self, available_bytes: float, in_flight: int) -> int:
+        """The longest request (a whole number of blocks) whose blocks fit the pool: vLLM refuses a longer
+        --max-model-len (check_enough_kv_cache_memory)."""
+        blocks = self.num_blocks(available_bytes)
+        full, sliding = self.groups
+        if not full:  # every layer slides: any length fits once the window's blocks do
+            fits = sliding * (-(-(self.sliding_window - 1 + in_flight) // self.block_size) + 1) <= blocks
+            return 10**9 if fits else 0
+        # The sliding groups' share saturates at the window, so take it at its largest (a length past the window).
+        window_blocks = self.blocks_per_request(10**9, in_flight) - full * -(-10**9 // self.block_size)
+        longest = (blocks - window_blocks) // full * self.block_size
+        if longest <= self.sliding_window - 1 + in_flight:  # shorter than the window: every group grows with it
+            longest = blocks // (full + sliding) * self.block_size
+            while longest > 0 and self.blocks_per_request(longest, in_flight) > blocks:
+                longest -= self.block_size
+        return max(0, longest)
+
+
+def kv_layout(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> KVLayout:
+    """The model's KVLayout on one GPU: sliding-window layers (arch.sliding_window, sliding_window_layers) in
+    their own groups, every other layer full attention; MLA pages from the latent width."""
+    page = int(_a("block_size")) * kv_bytes_per_token_per_layer(arch, tp, kv_dtype, elem_bytes)
+    sliding = 0
+    if arch.sliding_window and not arch.kv_lora_rank:
+        sliding = min(arch.num_layers, arch.sliding_window_layers if arch.sliding_window_layers is not None
+                      else arch.num_layers)
+    return KVLayout(page_bytes=page, full_layers=arch.num_layers - sliding, sliding_layers=sliding,
+                    sliding_window=(arch.sliding_window or 0) if sliding else 0, block_size=int(_a("block_size")))
+
+
+def tokens_in_flight(batched_tokens: int, terms: Optional[ProfileTerms] = None) -> int:
+    """Tokens scheduled but not yet settled, that a sliding window keeps beside its window
+    (VllmConfig.max_in_flight_tokens): max_num_batched_tokens per concurrent batch (ProfileTerms)."""
+    return (terms or profile_terms()).concurrent_batches * batched_tokens
 
 
 def weight_bytes(arch: api.ModelArchitecture, quantization: str, elem_bytes: int) -> int:
@@ -263,14 +419,27 @@ def rotary_cache_bytes(arch: api.ModelArchitecture, elem_bytes: int) -> int:
     return arch.max_position_embeddings * arch.head_dim * elem_bytes
 
 
-def activation_bytes(arch: api.ModelArchitecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int) -> int:
+def activation_bytes(arch: api.ModelArchitecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int,
+                     terms: Optional[ProfileTerms] = None) -> int:
     """Peak memory of vLLM's profiling run: the forward pass over `batched_tokens`, or the sampler's
-    dummy run over `max_num_seqs` logits rows that follows it (holding only the hidden states), whichever is larger."""
+    dummy run over `max_num_seqs` logits rows that follows it (holding only the hidden states), whichever is larger;
+    an encoder-only pooling model runs its pooler instead of a sampler (no logits).
+    The logits are the whole vocabulary on every GPU (the LM head's output is gathered before sampling), so TP does
+    not divide them: llm-d's H100 logs show 4.84 GiB for Llama-3.3-70B at TP=2 against 4.76 for Llama-3.1-8B."""
     per_token = (2 * arch.intermediate_size / tp + _a("activation_hidden_factor") * arch.hidden_size) * elem_bytes
     forward = batched_tokens * per_token
+    if arch.encoder_only:
+        return int(forward)
     rows = min(max_num_seqs, batched_tokens)
-    sampler = rows * arch.vocab_size * _a("logits_bytes") + batched_tokens * arch.hidden_size * elem_bytes
+    logits = (terms or profile_terms()).logits_bytes
+    sampler = rows * arch.vocab_size * logits + batched_tokens * arch.hidden_size * elem_bytes
     return int(max(forward, sampler))
+
+
+def non_torch_bytes(tp: int, terms: Optional[ProfileTerms] = None) -> int:
+    """Non-torch memory per GPU: the release's TP=1 figure, plus its TP overhead from two GPUs on."""
+    terms = terms or profile_terms()
+    return int(terms.non_torch + (terms.tp_overhead if tp > 1 else 0))
 
 
 def _divisors(n: int, limit: int = 64) -> list[int]:
@@ -334,7 +503,8 @@ def plan(
           default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args, urls=urls)
     if model is None or p.gpu_memory is None:
         return p
-    s = Sizing(arch=model.architecture, elem=dtype_bytes(spec, model))
+    s = Sizing(arch=model.architecture, elem=dtype_bytes(spec, model),
+               terms=profile_terms(image_vllm_version(spec.image)))
     plan_tensor_parallel(p, s)
     if not plan_memory_budget(p, s):
         return p
@@ -358,6 +528,8 @@ class Sizing:
     arch: api.ModelArchitecture
     #: bytes per element in the compute dtype
     elem: int
+    #: the memory profile of the image's vLLM release
+    terms: ProfileTerms
     budget: int = 0
     graphs: int = 0
     weights: int = 0
@@ -367,6 +539,11 @@ class Sizing:
     batched_why: str = ""
     kv: int = 0
     kv_dtype: str = "auto"
+    layout: Optional[KVLayout] = None
+    #: tokens a sliding window keeps beside it (scheduled, not yet settled)
+    in_flight: int = 0
+    #: the longest --max-model-len the KV cache holds with the headroom
+    fit_limit: int = 0
 
 
 def check(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[str], model_error_field: str,
@@ -412,7 +589,7 @@ def plan_memory_budget(p: Plan, s: Sizing) -> bool:
     assert p.gpu_memory is not None
     total = p.gpu_memory
     reserved = int(parse_quantity(spec.gpu.reserved_memory))
-    s.graphs = 0 if e.enforce_eager else int(_a("cuda_graph_per_gpu"))
+    s.graphs = 0 if e.enforce_eager or not s.terms.cuda_graphs_in_budget else int(_a("cuda_graph_per_gpu"))
     outside = _a("cuda_context") + _a("safety_margin")
     ceiling = (total - reserved - outside) / total
     if e.gpu_memory_utilization is not None:
@@ -484,15 +661,16 @@ def plan_batch(p: Plan, s: Sizing) -> None:
     s.seqs, s.seqs_why, s.batched, s.batched_why = seqs, seqs_why, batched, batched_why
 
 
+
 def plan_kv_cache(p: Plan, s: Sizing) -> bool:
-    """6. The activation peak, the overheads and what is left for the KV cache, in whole blocks. False when the
-    model does not fit (with the smallest gpu.count that would)."""
-    arch, tp, e, elem = s.arch, p.tensor_parallel_size, p.spec.engine, s.elem
+    """6. The activation peak, the overheads and what is left for the KV cache, laid out as vLLM pools it
+    (KVLayout). False when the model does not fit (with the smallest gpu.count that would)."""
+    arch, tp, e, elem, terms = s.arch, p.tensor_parallel_size, p.spec.engine, s.elem, s.terms
     assert p.gpu_memory is not None
     total, reserved = p.gpu_memory, int(parse_quantity(p.spec.gpu.reserved_memory))
     budget, weights, graphs, batched, seqs = s.budget, s.weights, s.graphs, s.batched, s.seqs
-    activation = activation_bytes(arch, tp, batched, seqs, elem)
-    non_torch = int(_a("non_torch_tp1") + (_a("nccl_per_gpu_tp") if tp > 1 else 0))
+    activation = activation_bytes(arch, tp, batched, seqs, elem, terms)
+    non_torch = non_torch_bytes(tp, terms)
     kv = budget - weights - activation - non_torch - graphs
     p.memory = Memory(total=total, reserved=reserved, budget=budget, weights=weights, activation=activation,
                       non_torch=non_torch, kv_cache=max(kv, 0), cuda_graphs=graphs)
@@ -505,7 +683,7 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
             if t <= tp or not tp_shards_evenly(arch, t):
                 continue
             need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, elem)
-                    + activation_bytes(arch, t, batched, seqs, elem) + int(_a("non_torch_tp1") + _a("nccl_per_gpu_tp"))
+                    + activation_bytes(arch, t, batched, seqs, elem, terms) + non_torch_bytes(t, terms)
                     + graphs)
             if need < budget:
                 hint = f"use more GPUs (gpu.count: {t} leaves room for the KV cache)"
@@ -514,17 +692,30 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
                   f"overheads {gib(non_torch + graphs)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
                   f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
         return False
-    p.kv_cache_tokens = _round_down(kv / p.kv_bytes_per_token, int(_a("block_size")))
+    block = int(_a("block_size"))
+    layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms)
+    model_limit = arch.max_position_embeddings
+    # The longest request the pool holds (for all-global attention: every block's tokens), then, once the
+    # length is chosen, what vLLM logs for it (sliding-window layers hold only their window of each request).
+    p.kv_cache_tokens = (layout.longest_request(kv, in_flight) if layout.full_layers
+                         else layout.tokens(kv, model_limit, in_flight))  # every layer slides: no longest request
+    headroom = _a("context_headroom")
+    fit_limit = _round_down(min(layout.longest_request(kv * headroom, in_flight), headroom * p.kv_cache_tokens), block)
+    if arch.encoder_only:  # no KV cache at all: the length is the model's, the memory beyond the forward pass unused
+        p.kv_bytes_per_token = p.kv_cache_tokens = 0
+        p.memory.kv_cache, fit_limit = 0, model_limit
+        p.notes.append("encoder-only pooling model: vLLM keeps no KV cache for it (EncoderOnlyAttention) and runs no "
+                       f"sampler; {gib(kv)} per GPU of the budget stay unused (a lower engine.gpuMemoryUtilization "
+                       "leaves them to others)")
+    s.layout, s.in_flight, s.fit_limit = layout, in_flight, fit_limit
     return True
 
 
 def plan_max_model_len(p: Plan, s: Sizing) -> None:
     """7. --max-model-len: pinned, the profile's maximum or the model's own limit, within what the KV cache holds
-    with a margin; a typical request must fit."""
+    with a margin; a typical request must fit. Then the KV tokens vLLM logs for that length."""
     spec, e, prof, arch, kv = p.spec, p.spec.engine, p.spec.workload_profile, s.arch, s.kv
-    block = int(_a("block_size"))
-    model_limit = arch.max_position_embeddings
-    fit_limit = _round_down(p.kv_cache_tokens * _a("context_headroom"), block)
+    model_limit, fit_limit = arch.max_position_embeddings, s.fit_limit
     if e.max_model_len is not None:
         length = e.max_model_len
         if length > model_limit:
@@ -543,7 +734,8 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
         length = min(requested, model_limit, fit_limit)
         if length == requested:
             len_why = "workloadProfile.maxContextTokens" if prof.max_context_tokens else "the model's own limit"
-            len_why += f", which fits the KV cache ({p.kv_cache_tokens} tokens)"
+            len_why += (" (no KV cache: an encoder-only model)" if arch.encoder_only
+                        else f", which fits the KV cache ({p.kv_cache_tokens} tokens)")
         else:
             len_why = (f"the KV cache holds {p.kv_cache_tokens} tokens; {length} keeps a "
                        f"{int(100 - _a('context_headroom') * 100)}% margin (wanted {requested})")
@@ -564,6 +756,8 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
                 p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
                           f"({typical} tokens); add GPUs or use a quantized model")
     p.max_model_len = length
+    if length > 0 and not arch.encoder_only and s.layout is not None:
+        p.kv_cache_tokens = s.layout.tokens(kv, length, s.in_flight)
     p.decisions.append(FlagDecision("--max-model-len", str(length), len_why, pinned=e.max_model_len is not None))
 
 
@@ -574,7 +768,7 @@ def plan_engine_flags(p: Plan, s: Sizing) -> None:
     seqs, seqs_why, batched, batched_why, kv_dtype = s.seqs, s.seqs_why, s.batched, s.batched_why, s.kv_dtype
     if e.max_num_seqs is None:
         typical = (prof.p95_prompt_tokens or 0) + (prof.p95_output_tokens or 0)
-        if typical:
+        if typical and not s.arch.encoder_only:
             cap = max(1, p.kv_cache_tokens // typical)
             if cap < seqs:
                 seqs, seqs_why = cap, f"the KV cache holds {cap} requests of p95 prompt+output ({typical} tokens)"

@@ -274,6 +274,7 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
     dtype = _DTYPES.get(dtype_raw.lower()) if isinstance(dtype_raw, str) else None
     tie = cfg.get("tie_word_embeddings")
 
+    window, window_layers = sliding_window_facts(cfg, num_layers)
     fields: dict[str, Any] = {
         "num_layers": num_layers,
         "num_attention_heads": heads,
@@ -287,6 +288,11 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
         ),
         "num_experts": experts,
         "tie_word_embeddings": tie if isinstance(tie, bool) else None,
+        "sliding_window": window,
+        "sliding_window_layers": window_layers,
+        "encoder_only": True if str(cfg.get("model_type") or "").lower() in _ENCODER_ONLY else None,
+        "kv_lora_rank": _positive_int(cfg.get("kv_lora_rank")),
+        "qk_rope_head_dim": _positive_int(cfg.get("qk_rope_head_dim")) if cfg.get("kv_lora_rank") else None,
         "torch_dtype": dtype,
         "quantization": quantization,
     }
@@ -294,6 +300,43 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
         return ModelArchitecture.model_validate({k: v for k, v in fields.items() if v is not None})
     except pydantic.ValidationError as err:
         raise ValueError(f"out of range: {', '.join(_out_of_range(err))}") from None
+
+
+#: model_type values of encoder-only models, whose attention vLLM serves with EncoderOnlyAttention: no KV cache.
+_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "modernbert", "distilbert", "nomic_bert", "electra")
+#: model_type values whose every layer attends within config.json's sliding_window (vLLM builds a SlidingWindowSpec
+#: for each layer): Mistral 7B v0.1 and Mixtral write a window; v0.3 writes null, which leaves them all-global.
+_ALL_LAYERS_SLIDE = ("mistral", "mixtral")
+#: The largest layer_types list read (a model has at most ModelArchitecture's 1024 layers).
+_MAX_LAYER_TYPES = 1024
+
+
+def sliding_window_facts(cfg: dict[str, Any], num_layers: Optional[int]) -> tuple[Optional[int], Optional[int]]:
+    """(sliding_window, how many layers use it) as vLLM reads them, or (None, None) for all-global attention.
+
+    Only where the model positively uses the window: `layer_types` (gpt-oss, Gemma 3, recent configs), Gemma 3's
+    `sliding_window_pattern` (every pattern-th layer is global), Gemma 2 (every other layer slides from the
+    first), Mistral/Mixtral (every layer). A window with `use_sliding_window: false` (Qwen2/Qwen3) is unused. Any
+    other config is sized as all-global attention: more KV per token than vLLM needs, never less.
+    """
+    window = _positive_int(cfg.get("sliding_window"))
+    if window is None or cfg.get("use_sliding_window") is False:
+        return None, None
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and 0 < len(types) <= _MAX_LAYER_TYPES:
+        sliding = sum(1 for t in types if t == "sliding_attention")
+        return (window, sliding) if sliding else (None, None)
+    model_type = str(cfg.get("model_type") or "").lower()
+    pattern = _positive_int(cfg.get("sliding_window_pattern"))
+    if num_layers is None:
+        return None, None
+    if model_type.startswith("gemma3") and pattern:
+        return window, num_layers - num_layers // pattern
+    if model_type == "gemma2":
+        return window, (num_layers + 1) // 2
+    if model_type in _ALL_LAYERS_SLIDE:
+        return window, num_layers
+    return None, None
 
 
 #: quantization_config.quant_method as the Hub's configs write it -> ModelArchitecture.quantization. Anything else is
