@@ -22,7 +22,7 @@ from typing import Any, Optional
 from . import api, vllm_flags
 from .api import VLLMServerSpec, parse_quantity
 from .autoscaler.policy import TOLERANCE
-from .catalog import ResolvedModel
+from .catalog import Architecture, ResolvedModel
 from .gpus import GPUSelection, select_gpu
 from .urlpolicy import URLPolicy
 from .validation import (UNSAFE_FLAGS, Problem, check_spec, hardware_problems, image_vllm_version,
@@ -294,7 +294,7 @@ def dtype_bytes(spec: VLLMServerSpec, model: ResolvedModel) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def kv_bytes_per_token_per_layer(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
+def kv_bytes_per_token_per_layer(arch: Architecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
     """One token's KV in one layer on one GPU, as vLLM's KV cache specs size a page (vllm/v1/kv_cache_interface.py).
 
     Attention (FullAttentionSpec, SlidingWindowSpec): 2 (K and V) x max(1, kv_heads // TP) x head_dim x dtype
@@ -307,7 +307,7 @@ def kv_bytes_per_token_per_layer(arch: api.ModelArchitecture, tp: int, kv_dtype:
     return 2 * kv_heads_per_gpu * arch.head_dim * kv_elem
 
 
-def kv_bytes_per_token(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
+def kv_bytes_per_token(arch: Architecture, tp: int, kv_dtype: str, elem_bytes: int) -> int:
     """One token's KV in every layer on one GPU (what a token costs while it is inside every window)."""
     return arch.num_layers * kv_bytes_per_token_per_layer(arch, tp, kv_dtype, elem_bytes)
 
@@ -380,7 +380,7 @@ class KVLayout:
         return max(0, longest)
 
 
-def kv_layout(arch: api.ModelArchitecture, tp: int, kv_dtype: str, elem_bytes: int) -> KVLayout:
+def kv_layout(arch: Architecture, tp: int, kv_dtype: str, elem_bytes: int) -> KVLayout:
     """The model's KVLayout on one GPU: sliding-window layers (arch.sliding_window, sliding_window_layers) in
     their own groups, every other layer full attention; MLA pages from the latent width."""
     page = int(_a("block_size")) * kv_bytes_per_token_per_layer(arch, tp, kv_dtype, elem_bytes)
@@ -398,7 +398,7 @@ def tokens_in_flight(batched_tokens: int, terms: Optional[ProfileTerms] = None) 
     return (terms or profile_terms()).concurrent_batches * batched_tokens
 
 
-def weight_bytes(arch: api.ModelArchitecture, quantization: str, elem_bytes: int) -> int:
+def weight_bytes(arch: Architecture, quantization: str, elem_bytes: int) -> int:
     """Bytes of all weights; quantization leaves the embeddings and lm_head in 16-bit."""
     params = arch.parameter_count
     per = BYTES_PER_WEIGHT[quantization]
@@ -410,7 +410,7 @@ def weight_bytes(arch: api.ModelArchitecture, quantization: str, elem_bytes: int
     return int((params - embed) * per * overhead + embed * elem_bytes)
 
 
-def rotary_cache_bytes(arch: api.ModelArchitecture, elem_bytes: int) -> int:
+def rotary_cache_bytes(arch: Architecture, elem_bytes: int) -> int:
     """The rotary embedding's cos/sin cache, max positions x head dim, on every GPU.
 
     vLLM counts it with the weights: 131072 x 128 x 2 bytes = 0.031 GiB is exactly the gap between
@@ -419,7 +419,7 @@ def rotary_cache_bytes(arch: api.ModelArchitecture, elem_bytes: int) -> int:
     return arch.max_position_embeddings * arch.head_dim * elem_bytes
 
 
-def activation_bytes(arch: api.ModelArchitecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int,
+def activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int,
                      terms: Optional[ProfileTerms] = None) -> int:
     """Peak memory of vLLM's profiling run: the forward pass over `batched_tokens`, or the sampler's
     dummy run over `max_num_seqs` logits rows that follows it (holding only the hidden states), whichever is larger;
@@ -446,7 +446,7 @@ def _divisors(n: int, limit: int = 64) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def tp_shards_evenly(arch: api.ModelArchitecture, tp: int) -> bool:
+def tp_shards_evenly(arch: Architecture, tp: int) -> bool:
     """Whether vLLM can shard the model over `tp` GPUs: TP divides the attention heads, and the KV
     heads split evenly (kv % tp) or are replicated evenly (tp % kv) (QKVParallelLinear's divide())."""
     if arch.num_attention_heads % tp:
@@ -455,11 +455,11 @@ def tp_shards_evenly(arch: api.ModelArchitecture, tp: int) -> bool:
     return kv % tp == 0 if kv >= tp else tp % kv == 0
 
 
-def valid_tp_sizes(arch: api.ModelArchitecture, limit: int = 16) -> list[int]:
+def valid_tp_sizes(arch: Architecture, limit: int = 16) -> list[int]:
     return [d for d in _divisors(arch.num_attention_heads, limit) if tp_shards_evenly(arch, d)]
 
 
-def weights_quantization(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> str:
+def weights_quantization(spec: VLLMServerSpec, arch: Architecture) -> str:
     """The quantization the weights are sized with: the spec's, or with none the checkpoint's own."""
     checkpoint = arch.quantization
     if spec.model.quantization == "none" and checkpoint in BYTES_PER_WEIGHT and checkpoint != "none":
@@ -503,7 +503,7 @@ def plan(
           default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args, urls=urls)
     if model is None or p.gpu_memory is None:
         return p
-    s = Sizing(arch=model.architecture, elem=dtype_bytes(spec, model),
+    s = Sizing(arch=model.complete, elem=dtype_bytes(spec, model),
                terms=profile_terms(image_vllm_version(spec.image)))
     plan_tensor_parallel(p, s)
     if not plan_memory_budget(p, s):
@@ -525,7 +525,7 @@ def plan(
 class Sizing:
     """What one step of `plan` hands the next: the model's facts and the per-GPU figures sized so far."""
 
-    arch: api.ModelArchitecture
+    arch: Architecture
     #: bytes per element in the compute dtype
     elem: int
     #: the memory profile of the image's vLLM release

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from . import api, vllm_flags
 from .api import VLLMServerSpec, parse_quantity
+from .catalog import Architecture
 from .gpus import GPUSelection
 from .urlpolicy import URLPolicy
 
@@ -149,7 +150,7 @@ PREQUANTIZED = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin"
                 "compressed-tensors": "compressed-tensors", "gguf": "gguf"}
 
 
-def quantization_problems(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> list[Problem]:
+def quantization_problems(spec: VLLMServerSpec, arch: Architecture) -> list[Problem]:
     """model.quantization against the checkpoint's own (known only from its config.json), as vLLM 0.32 checks
     them at start: a method that needs quantized weights on a 16-bit checkpoint, or another method than the
     checkpoint's (awq_marlin and gptq_marlin read awq and gptq checkpoints; fp8 also quantizes 16-bit weights as

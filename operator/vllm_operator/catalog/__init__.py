@@ -27,7 +27,7 @@ import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, cast
 
 import pydantic
 import yaml
@@ -70,6 +70,35 @@ MAX_CONFIG_BYTES = 2**20
 
 
 # --------------------------------------------------------------------------- types
+class Architecture(Protocol):
+    """A ModelArchitecture with every field the planner sizes with set: what `ResolvedModel.complete` hands the
+    planner (resolve_model raises UnknownModelError before one is missing)."""
+
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    parameter_count: int
+    num_experts: Optional[int]
+    sliding_window: Optional[int]
+    sliding_window_layers: Optional[int]
+    kv_lora_rank: Optional[int]
+    qk_rope_head_dim: Optional[int]
+    encoder_only: Optional[bool]
+    tie_word_embeddings: Optional[bool]
+    torch_dtype: Optional[str]
+    quantization: Optional[str]
+
+
+#: What Architecture promises is set.
+COMPLETE_FIELDS = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
+                   "intermediate_size", "vocab_size", "max_position_embeddings", "parameter_count")
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
     """A model architecture with every field the planner needs, and where it came from."""
@@ -79,6 +108,14 @@ class ResolvedModel:
     estimated: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     """For the plan's notes: e.g. that config.json could not be fetched again and older facts stand in."""
+
+    @property
+    def complete(self) -> Architecture:
+        """The architecture, checked to hold every field the planner sizes with."""
+        missing = [k for k in COMPLETE_FIELDS if getattr(self.architecture, k) is None]
+        if missing:
+            raise ValueError(f"architecture of a resolved model lacks {', '.join(missing)}")
+        return cast(Architecture, self.architecture)
 
 
 class UnknownModelError(ValueError):
