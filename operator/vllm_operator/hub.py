@@ -1,0 +1,320 @@
+"""Model facts from a Hugging Face Hub endpoint, through the maintained client, huggingface_hub.
+
+One job: for a model id and revision, ask the Hub (https://huggingface.co, or the mirror the operator is configured
+with) for the model's config.json and its safetensors metadata (the exact parameter count per dtype, from the API:
+no weight file is downloaded), as :class:`HubFacts`, or fail with a category (:class:`HubError`) that holds nothing
+the server sent.
+
+huggingface_hub builds the requests (endpoint, revision, the token's header, its error classes: gated, not found,
+no such revision); every request it makes goes through one httpx2 client installed here with
+``set_client_factory``, which bounds what huggingface_hub does not:
+
+- one deadline for the whole lookup: every connect, TLS handshake, send and socket read waits at most what is left
+  of it (a network backend of our own under httpcore2), so a server that trickles a byte a second cannot hold a
+  reconcile past it;
+- a byte cap per answer (Content-Length checked first, then counted as it streams);
+- only the lookup's own endpoint (scheme, host and port): a redirect to another host is refused (the Hub's CDN for
+  LFS files included: config.json and the API answer need none), a relative one on the same host (a renamed repo)
+  is followed. The token goes only to the endpoint.
+
+No retries inside one lookup: the caller's cache (catalog.ConfigCache) keeps the last good facts and tries again
+after a minute, which bounds the Hub's load from many servers better than a retry per reconcile would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Union
+
+import httpcore2
+import httpx2
+
+from . import fetch as net
+
+#: Where model facts come from when nothing else is configured.
+DEFAULT_ENDPOINT = "https://huggingface.co"
+#: Seconds one lookup (the API answer and config.json together) may take.
+DEFAULT_SECONDS = 10.0
+#: The largest answer read. The model API's answer with expand=safetensors,sha is under 1 KB; config.json is under
+#: 100 KB (catalog.MAX_CONFIG_BYTES is the same bound).
+MAX_ANSWER_BYTES = 2**20
+#: What a gated model without a token that opens it is told (a fix, not the Hub's words).
+GATED = ("the model is gated on the Hub and the operator has no token that opens it: give the operator one "
+         "(chart value operator.hfTokenSecret, flag --hf-token-file), or set spec.model.configURL or "
+         "spec.model.architecture")
+
+
+class HubError(ValueError):
+    """A failed lookup, as a category safe to show anywhere."""
+
+    def __init__(self, category: str, *, gated: bool = False):
+        super().__init__(category)
+        self.gated = gated
+
+
+@dataclass(frozen=True)
+class HubFacts:
+    """What the Hub says of one model revision."""
+
+    config: dict[str, Any]
+    #: The commit the revision resolved to (config.json was read at it), when the Hub said.
+    sha: Optional[str] = None
+    #: safetensors dtype (BF16, F8_E4M3, U8, ...) -> how many stored elements, from the Hub's metadata.
+    parameters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> Optional[int]:
+        return sum(self.parameters.values()) if self.parameters else None
+
+
+# --------------------------------------------------------------------------- the bounded client
+@dataclass(frozen=True)
+class _Lookup:
+    deadline: float
+    origin: tuple[str, str, int]
+    max_bytes: int
+
+
+_CURRENT: contextvars.ContextVar[Optional[_Lookup]] = contextvars.ContextVar("vllm_operator_hub_lookup", default=None)
+
+
+class _Refused(Exception):
+    """Our own refusal inside the transport (not an httpx2 error, so nothing retries or wraps it)."""
+
+
+def _origin(url: Union[str, httpx2.URL]) -> tuple[str, str, int]:
+    parts = urllib.parse.urlsplit(str(url))
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower().rstrip("."), parts.port or (443 if scheme == "https" else 80)
+
+
+def _current() -> _Lookup:
+    lookup = _CURRENT.get()
+    if lookup is None:  # huggingface_hub used outside lookup(): nothing bounds it, so nothing is sent
+        raise _Refused("no Hub request outside a bounded lookup")
+    return lookup
+
+
+def _left() -> float:
+    left = _current().deadline - time.monotonic()
+    if left <= 0:
+        raise httpcore2.ReadTimeout("timed out")
+    return left
+
+
+class _Stream(httpcore2.NetworkStream):
+    """A connection whose every wait is bounded by what is left of the lookup's deadline (a per-read timeout
+    bounds nothing against a server that trickles)."""
+
+    def __init__(self, inner: httpcore2.NetworkStream):
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: Optional[float] = None) -> bytes:
+        return self._inner.read(max_bytes, _left())
+
+    def write(self, buffer: bytes, timeout: Optional[float] = None) -> None:
+        self._inner.write(buffer, _left())
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: Optional[str] = None,
+                  timeout: Optional[float] = None) -> "_Stream":
+        return _Stream(self._inner.start_tls(ssl_context, server_hostname, _left()))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _Backend(httpcore2.NetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore2.SyncBackend()
+
+    def connect_tcp(self, host: str, port: int, timeout: Optional[float] = None, local_address: Optional[str] = None,
+                    socket_options: Any = None) -> _Stream:
+        return _Stream(self._inner.connect_tcp(host, port, _left(), local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: Optional[float] = None, socket_options: Any = None) -> Any:
+        raise httpcore2.ConnectError("no unix sockets")
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, _left()))
+
+
+class _CappedBody(httpx2.SyncByteStream):
+    def __init__(self, inner: httpx2.SyncByteStream, max_bytes: int):
+        self._inner, self._max = inner, max_bytes
+
+    def __iter__(self) -> Iterator[bytes]:
+        seen = 0
+        for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._max:
+                raise _Refused(str(net.too_large(self._max)))
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _Transport(httpx2.HTTPTransport):
+    """httpx2's own transport on the bounded network backend, refusing other hosts and answers over the cap."""
+
+    def __init__(self, proxy: Optional[str] = None):
+        super().__init__(trust_env=False)
+        ssl_context = httpx2.create_ssl_context(trust_env=False)
+        # httpx2's HTTPTransport keeps its httpcore2 pool in _pool and has no network_backend argument; the pool
+        # classes take one. tests/test_hub.py's trickle and stall cases fail if this stops taking effect.
+        if proxy:
+            self._pool = httpcore2.HTTPProxy(proxy_url=proxy, ssl_context=ssl_context, network_backend=_Backend())
+        else:
+            self._pool = httpcore2.ConnectionPool(ssl_context=ssl_context, network_backend=_Backend())
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        lookup = _current()
+        if _origin(request.url) != lookup.origin:
+            raise _Refused("request to another host refused")
+        response = super().handle_request(request)
+        location = response.headers.get("Location")
+        if 300 <= response.status_code < 400 and location is not None:
+            if _origin(urllib.parse.urljoin(str(request.url), location)) != lookup.origin:
+                response.close()
+                raise _Refused("redirect to another host refused")
+        length = response.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > lookup.max_bytes:
+            response.close()
+            raise _Refused(str(net.too_large(lookup.max_bytes)))
+        assert isinstance(response.stream, httpx2.SyncByteStream)
+        return httpx2.Response(response.status_code, headers=response.headers,
+                               stream=_CappedBody(response.stream, lookup.max_bytes), extensions=response.extensions)
+
+
+class _Routing(httpx2.BaseTransport):
+    """Direct, or through the environment's HTTP(S)_PROXY unless NO_PROXY names the host (as fetch.py does)."""
+
+    def __init__(self) -> None:
+        proxies = urllib.request.getproxies()
+        self._direct = _Transport()
+        self._proxied = {scheme: _Transport(proxies[scheme]) for scheme in ("http", "https") if proxies.get(scheme)}
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        proxied = self._proxied.get(request.url.scheme)
+        if proxied is not None and not urllib.request.proxy_bypass(request.url.host):
+            return proxied.handle_request(request)
+        return self._direct.handle_request(request)
+
+    def close(self) -> None:
+        for transport in (self._direct, *self._proxied.values()):
+            transport.close()
+
+
+def _client() -> httpx2.Client:
+    return httpx2.Client(transport=_Routing(), follow_redirects=True, max_redirects=5, trust_env=False,
+                         timeout=None)  # the network backend bounds every wait
+
+
+_INSTALL = threading.Lock()
+_installed = False
+
+
+def _install() -> None:
+    """huggingface_hub's one shared client becomes ours, once, at the first lookup (never at import)."""
+    global _installed
+    with _INSTALL:
+        if not _installed:
+            from huggingface_hub import set_client_factory
+
+            set_client_factory(_client)
+            _installed = True
+
+
+@contextlib.contextmanager
+def _bounded(endpoint: str, seconds: float, max_bytes: int) -> Iterator[None]:
+    token = _CURRENT.set(_Lookup(time.monotonic() + seconds, _origin(endpoint), max_bytes))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+# --------------------------------------------------------------------------- the lookup
+def lookup(repo_id: str, revision: Optional[str] = None, *, endpoint: str = DEFAULT_ENDPOINT,
+           token: Union[str, bool, None] = False, seconds: float = DEFAULT_SECONDS,
+           max_bytes: int = MAX_ANSWER_BYTES) -> HubFacts:
+    """The Hub's facts of `repo_id` at `revision` (default: main), or HubError.
+
+    `token`: the operator's own token (a string), False for none (the operator: never the environment's or a
+    login's), None for huggingface_hub's default (the offline CLI, as its user: HF_TOKEN or `hf auth login`)."""
+    _install()
+    from huggingface_hub import HfApi, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    endpoint = endpoint.rstrip("/")
+    if _origin(endpoint)[0] not in ("http", "https") or not _origin(endpoint)[1]:
+        raise HubError("the Hub endpoint is not an http(s) URL")
+    try:
+        with _bounded(endpoint, seconds, max_bytes):
+            api = HfApi(endpoint=endpoint, token=token, library_name="vllm-operator")
+            info = api.model_info(repo_id, revision=revision, expand=["safetensors", "sha"])
+            sha = info.sha if isinstance(info.sha, str) else None
+            url = hf_hub_url(repo_id, "config.json", revision=sha or revision, endpoint=endpoint)
+            answer = get_session().get(url, headers=build_hf_headers(token=token, library_name="vllm-operator"))
+            hf_raise_for_status(answer)
+            config = net.load_json(answer.content)
+            parameters = _parameters(info.safetensors)
+    except Exception as err:  # every failure becomes a category: an exception's text may quote the answer
+        raise HubError(_category(err, token), gated=_is_gated(err)) from None
+    if not isinstance(config, dict):
+        raise HubError("config.json is not a JSON object")
+    return HubFacts(config=config, sha=sha, parameters=parameters)
+
+
+def _parameters(safetensors: Any) -> dict[str, int]:
+    counts = getattr(safetensors, "parameters", None)
+    if not isinstance(counts, dict):
+        return {}
+    return {str(k)[:32]: v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+
+
+def _is_gated(err: BaseException) -> bool:
+    from huggingface_hub.errors import GatedRepoError
+
+    return isinstance(err, GatedRepoError)
+
+
+def _category(err: BaseException, token: Union[str, bool, None]) -> str:
+    """What went wrong, in our words: never an exception's text, which may quote what the server sent."""
+    from huggingface_hub import errors
+
+    if isinstance(err, _Refused):
+        return str(err)  # our own words
+    if isinstance(err, net.FetchError):
+        return f"config.json: {err}"  # net's categories quote nothing either
+    if isinstance(err, errors.GatedRepoError):
+        return "the operator's token does not open this gated model" if isinstance(token, str) else GATED
+    if isinstance(err, errors.RepositoryNotFoundError):
+        return "no such model on the Hub (or a private one the operator's token does not open)"
+    if isinstance(err, errors.RevisionNotFoundError):
+        return "the Hub has no such revision of the model"
+    if isinstance(err, errors.RemoteEntryNotFoundError):
+        return "the model has no config.json on the Hub"
+    if isinstance(err, errors.HfHubHTTPError):
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        return f"the Hub answered HTTP {status}" if isinstance(status, int) else "the Hub refused"
+    if isinstance(err, errors.HFValidationError):
+        return "not a Hub model id (organisation/name)"
+    if isinstance(err, httpx2.TimeoutException):
+        return "timed out"
+    if isinstance(err, httpx2.TooManyRedirects):
+        return "too many redirects"
+    if isinstance(err, httpx2.ConnectError):
+        return "connection failed"
+    if isinstance(err, httpx2.HTTPError):
+        return "the connection to the Hub failed"
+    return "not an answer the Hub gives"
