@@ -25,17 +25,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import threading
 import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import httpcore2
 import httpx2
 
 from . import fetch as net
+
+log = logging.getLogger(__name__)
 
 #: Where model facts come from when nothing else is configured.
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -318,3 +321,38 @@ def _category(err: BaseException, token: Union[str, bool, None]) -> str:
     if isinstance(err, httpx2.HTTPError):
         return "the connection to the Hub failed"
     return "not an answer the Hub gives"
+
+
+#: A token file larger than this is not a token (Hugging Face tokens are about 40 characters).
+MAX_TOKEN_BYTES = 4096
+
+
+def read_token_file(path: Optional[str]) -> Union[str, bool]:
+    """The operator's own Hub token from a file (the chart mounts operator.hfTokenSecret there), read at each lookup
+    so that a rotated Secret takes effect; False (no token) without a path. ValueError naming the file, never its
+    content, when it cannot be read or is not a token."""
+    if not path:
+        return False
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_TOKEN_BYTES + 1)
+    except OSError as err:
+        raise ValueError(f"the Hub token file {path} cannot be read ({err.strerror or 'error'})") from None
+    token = raw.decode("utf-8", "replace").strip()
+    if not token or len(raw) > MAX_TOKEN_BYTES or any(c.isspace() or not c.isprintable() for c in token):
+        raise ValueError(f"the Hub token file {path} does not hold one token")
+    return token
+
+
+def token_reader(path: Optional[str]) -> Callable[[], Union[str, bool]]:
+    """read_token_file for each lookup, where a file that cannot be read means no token (logged, never quoted): a
+    Secret being rotated must not stop the planning of models that need none."""
+
+    def token() -> Union[str, bool]:
+        try:
+            return read_token_file(path)
+        except ValueError as err:
+            log.warning("%s; looking models up without a token", err)
+            return False
+
+    return token

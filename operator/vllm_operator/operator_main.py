@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, apierrors, apisession, builders, cache, events, kopftoggles, peering, persistence, replan, telemetry
+from . import api, apierrors, apisession, builders, cache, events, hub, kopftoggles, peering, persistence, replan, telemetry
 from .autoscaler import actuator
 from .kube import PLURALS, ApiError, Kube, path_for
 from .reconcile import Reconciler
@@ -103,7 +103,8 @@ def url_policy(args: argparse.Namespace) -> URLPolicy:
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
     kube = Kube(client or api_client())
     check_server_version(kube)
-    return Reconciler(kube, hf_endpoint=getattr(args, "hf_endpoint", None),
+    return Reconciler(kube, hf_endpoint=None if getattr(args, "offline", False) else getattr(args, "hf_endpoint", None),
+                      hf_token=hub.token_reader(getattr(args, "hf_token_file", None)),
                       prometheus_url=getattr(args, "prometheus_url", None), events_of=events.FailureEvents(kube).of,
                       urls=url_policy(args),
                       replan_budget=replan.Budget(getattr(args, "replan_outdated_per_minute", 0.0) or 0.0))
