@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
 import re
 import json
 import subprocess
@@ -477,11 +476,6 @@ def test_unknown_model_partial_spec_lists_only_what_is_missing():
 
 
 # --------------------------------------------------------------------------- real HTTP
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-
 @pytest.fixture
 def hub(tmp_path: Path):
     """The local Hub stand-in (e2e/hub_http.py), which the real huggingface_hub client reads: acme/tiny-llama has a

@@ -636,7 +636,7 @@ def _exact_count_note(fields: dict[str, Any]) -> str:
         return f"weights sized with the Hub's exact parameter count {exact:,} (safetensors metadata)"
     derived = _estimate(fields)
     return (f"weights sized with the Hub's exact parameter count {exact:,} (safetensors metadata); config.json's "
-            f"shapes give {derived:,} ({(derived - exact) / exact:+.1%})")
+            f"shapes give {derived:,} ({(derived - exact) / exact:+.2%})")
 
 
 def _config_architecture(location: str, revision: Optional[str], fetch: Callable[[str], dict[str, Any]],
