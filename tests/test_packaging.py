@@ -218,6 +218,22 @@ def test_no_rule_reaches_secrets_or_wildcards(values):
             assert "*" not in rule["verbs"] and "*" not in rule["apiGroups"], rule
 
 
+def test_the_operators_hub_token_is_a_mounted_secret_of_its_own_namespace():
+    objects = render({"operator": {"hfTokenSecret": {"name": "operator-hf-token", "key": "hf"}, "offline": False}})
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    c = container(objects)
+    args = cli.build_parser().parse_args(["run", *c["args"]])
+    assert args.hf_token_file == "/var/run/secrets/vllm-operator/hf-token/hf" and not args.offline
+    assert args.hf_endpoint == "https://huggingface.co", "the public Hub by default"
+    assert {"name": "hf-token", "mountPath": "/var/run/secrets/vllm-operator/hf-token", "readOnly": True} \
+        in c["volumeMounts"]
+    assert {"name": "hf-token", "secret": {"secretName": "operator-hf-token", "items": [{"key": "hf", "path": "hf"}]}} \
+        in pod["volumes"]
+    plain = container(render())
+    assert not any(a.startswith("--hf-token-file") for a in plain["args"]), "no token unless the value names one"
+    assert cli.build_parser().parse_args(["run", *container(render({"operator": {"offline": True}}))["args"]]).offline
+
+
 def test_deployment_is_locked_down_and_runs_the_real_cli():
     objects = render({"operator": {"prometheusURL": "http://prometheus:9090", "hfEndpoint": "https://hf.example",
                                    "verbose": True, "healthPort": 9000}})
