@@ -39,6 +39,14 @@ def test_the_models_are_outside_the_catalog():
     assert catalog.lookup_model(QWEN_MOE) is None and catalog.lookup_model(LLAMA_GATED) is None
 
 
+def test_where_models_are_looked_up():
+    assert hub.endpoint_setting(None, environ={}) == "https://huggingface.co"
+    assert hub.endpoint_setting(None, environ={"HF_ENDPOINT": "https://mirror.corp"}) == "https://mirror.corp"
+    assert hub.endpoint_setting(None, environ={"HF_HUB_OFFLINE": "1"}) is None
+    assert hub.endpoint_setting("https://mirror.corp", environ={"HF_HUB_OFFLINE": "1"}) == "https://mirror.corp"
+    assert hub.endpoint_setting("https://mirror.corp", offline=True, environ={}) is None
+
+
 # --------------------------------------------------------------------------- the lookup
 def test_a_lookup_reads_config_json_and_the_exact_parameter_count(stand_in):
     facts = hub.lookup(QWEN_MOE, endpoint=stand_in.base)

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement  # pytest's own dependency
 from packaging.utils import canonicalize_name
 
 from e2e.controlplane import KUBE_VERSION
-from vllm_operator import cli, packaging
+from vllm_operator import cli, hub, packaging
 from vllm_operator.api import MIN_KUBERNETES_VERSION as MIN_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ def test_the_operators_hub_token_is_a_mounted_secret_of_its_own_namespace():
     c = container(objects)
     args = cli.build_parser().parse_args(["run", *c["args"]])
     assert args.hf_token_file == "/var/run/secrets/vllm-operator/hf-token/hf" and not args.offline
-    assert args.hf_endpoint == "https://huggingface.co", "the public Hub by default"
+    assert hub.endpoint_setting(args.hf_endpoint, args.offline, environ={}) == "https://huggingface.co", "by default"
     assert {"name": "hf-token", "mountPath": "/var/run/secrets/vllm-operator/hf-token", "readOnly": True} \
         in c["volumeMounts"]
     assert {"name": "hf-token", "secret": {"secretName": "operator-hf-token", "items": [{"key": "hf", "path": "hf"}]}} \

@@ -250,9 +250,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _hub_arguments(parser: argparse.ArgumentParser, operator: bool = False) -> None:
-    parser.add_argument("--hf-endpoint", default=hub.DEFAULT_ENDPOINT,
+    parser.add_argument("--hf-endpoint",
                         help="the Hugging Face Hub (or mirror) that models outside the catalog are looked up on: "
-                        "config.json and the safetensors parameter counts (default %(default)s)")
+                        f"config.json and the safetensors parameter counts (default: HF_ENDPOINT, else "
+                        f"{hub.DEFAULT_ENDPOINT}; none when HF_HUB_OFFLINE=1)")
     parser.add_argument("--offline", action="store_true",
                         help="look nothing up on a Hub: facts from the catalog, spec.model.configURL, "
                         "spec.model.architecture" + ("" if operator else " and local model directories only"))
@@ -264,10 +265,11 @@ def _hub_arguments(parser: argparse.ArgumentParser, operator: bool = False) -> N
 
 def hub_settings(args: argparse.Namespace) -> tuple[Optional[str], Union[str, bool, None]]:
     """(the Hub endpoint to look models up on, None offline; the token for it) from plan's and render's flags."""
-    if getattr(args, "offline", False):
+    endpoint = hub.endpoint_setting(getattr(args, "hf_endpoint", None), getattr(args, "offline", False))
+    if endpoint is None:
         return None, False
     path = getattr(args, "hf_token_file", None)
-    return getattr(args, "hf_endpoint", None), hub.read_token_file(path) if path else None
+    return endpoint, hub.read_token_file(path) if path else None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
 import threading
 import time
 import urllib.parse
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: Where model facts come from when nothing else is configured.
 DEFAULT_ENDPOINT = "https://huggingface.co"
+#: Values of HF_HUB_OFFLINE that mean offline, as huggingface_hub reads them.
+_TRUE = ("1", "on", "yes", "true")
 #: Seconds one lookup (the API answer and config.json together) may take.
 DEFAULT_SECONDS = 10.0
 #: The largest answer read. The model API's answer with expand=safetensors,sha is under 1 KB; config.json is under
@@ -74,6 +77,20 @@ class HubFacts:
     @property
     def total(self) -> Optional[int]:
         return sum(self.parameters.values()) if self.parameters else None
+
+
+def endpoint_setting(endpoint: Optional[str], offline: bool = False,
+                     environ: Optional[dict[str, str]] = None) -> Optional[str]:
+    """The Hub models outside the catalog are looked up on, None for none: --offline, else --hf-endpoint, else
+    huggingface_hub's own environment (HF_HUB_OFFLINE=1: none; HF_ENDPOINT: a mirror), else the public Hub."""
+    env = os.environ if environ is None else environ
+    if offline:
+        return None
+    if endpoint:
+        return endpoint
+    if env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
+        return None
+    return env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
 
 
 # --------------------------------------------------------------------------- the bounded client

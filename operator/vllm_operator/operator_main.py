@@ -91,19 +91,24 @@ def check_server_version(kube: Kube) -> tuple[int, int]:
     return version
 
 
+def hub_endpoint(args: argparse.Namespace) -> Optional[str]:
+    """The Hub models outside the catalog are looked up on (hub.endpoint_setting), None offline."""
+    return hub.endpoint_setting(getattr(args, "hf_endpoint", None), getattr(args, "offline", False))
+
+
 def url_policy(args: argparse.Namespace) -> URLPolicy:
     """What a spec's configURL and prometheusURL may name: the operator's own endpoints, the public Hub, and
     the prefixes its flags add."""
     return URLPolicy.from_settings(getattr(args, "allowed_config_url", None) or (),
                                    getattr(args, "allowed_prometheus_url", None) or (),
-                                   hf_endpoint=getattr(args, "hf_endpoint", None),
+                                   hf_endpoint=hub_endpoint(args),
                                    prometheus_url=getattr(args, "prometheus_url", None))
 
 
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
     kube = Kube(client or api_client())
     check_server_version(kube)
-    return Reconciler(kube, hf_endpoint=None if getattr(args, "offline", False) else getattr(args, "hf_endpoint", None),
+    return Reconciler(kube, hf_endpoint=hub_endpoint(args),
                       hf_token=hub.token_reader(getattr(args, "hf_token_file", None)),
                       prometheus_url=getattr(args, "prometheus_url", None), events_of=events.FailureEvents(kube).of,
                       urls=url_policy(args),
