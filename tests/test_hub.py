@@ -237,3 +237,30 @@ def test_cli_token_file_opens_a_gated_model(stand_in, tmp_path):
     assert code == 0, err
     code, _, err = run_cli("plan", path, "--hf-endpoint", stand_in.base, "--hf-token-file", str(tmp_path / "none"))
     assert code == 1 and "cannot be read" in err
+
+
+# --------------------------------------------------------------------------- the operator's reconciler
+def test_the_reconciler_plans_a_gated_hub_model_once_the_operator_has_its_token(stand_in, tmp_path):
+    from e2e.memory_world import World
+    from vllm_operator.conditions import condition
+
+    clock = [1_000_000.0]
+    token_file = tmp_path / "hf-token" / "token"  # where the chart mounts operator.hfTokenSecret
+    world = World({"model": {"name": LLAMA_GATED}})
+    world.reconciler.hf_endpoint = stand_in.base
+    world.reconciler.hf_token = hub.token_reader(str(token_file))
+    world.reconciler.configs = catalog.ConfigCache(clock=lambda: clock[0])
+
+    status = world.reconcile()["status"]
+    valid = condition(status, "SpecValid")
+    assert valid["status"] == "False" and "operator.hfTokenSecret" in valid["message"]
+    assert "restricted" not in valid["message"], "the Hub's own words are not echoed"
+    assert not any(k[0] == "StatefulSet" for k in world.kube.objects), "nothing applied"
+    token_file.parent.mkdir()
+    token_file.write_text(TOKEN)  # the Secret appears (or rotates): read at the next lookup
+    clock[0] += 61  # a failed lookup is tried again after a minute, not at every reconcile
+    status = world.reconcile()["status"]
+    assert condition(status, "SpecValid")["status"] == "True", condition(status, "SpecValid")
+    assert status["plan"]["modelSource"].startswith(f"Hub ({stand_in.base}/{LLAMA_GATED}")
+    assert any(k[0] == "StatefulSet" for k in world.kube.objects)
+    assert stand_in.authorizations[0] == "" and set(stand_in.authorizations[1:]) == {f"Bearer {TOKEN}"}
