@@ -3,11 +3,11 @@
 One job: for a model id and revision, ask the Hub (https://huggingface.co, or the mirror the operator is configured
 with) for the model's config.json and its safetensors metadata (the exact parameter count per dtype, from the API:
 no weight file is downloaded), as :class:`HubFacts`, or fail with a category (:class:`HubError`) that holds nothing
-the server sent.
+the server sent; and where to look (:func:`endpoint_setting`) with which token (:func:`read_token_file`).
 
 huggingface_hub builds the requests (endpoint, revision, the token's header, its error classes: gated, not found,
-no such revision); every request it makes goes through one httpx2 client installed here with
-``set_client_factory``, which bounds what huggingface_hub does not:
+no such revision); every request it makes goes through one httpx2 client (hubclient.py, installed with
+``set_client_factory`` at the first lookup), which bounds what huggingface_hub does not:
 
 - one deadline for the whole lookup: every connect, TLS handshake, send and socket read waits at most what is left
   of it (a network backend of our own under httpcore2), so a server that trickles a byte a second cannot hold a
@@ -23,19 +23,11 @@ after a minute, which bounds the Hub's load from many servers better than a retr
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
 import os
-import threading
-import time
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Union
-
-import httpcore2
-import httpx2
+from typing import Any, Callable, Optional, Union
 
 from . import fetch as net
 
@@ -93,176 +85,6 @@ def endpoint_setting(endpoint: Optional[str], offline: bool = False,
     return env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
 
 
-# --------------------------------------------------------------------------- the bounded client
-@dataclass(frozen=True)
-class _Lookup:
-    deadline: float
-    origin: tuple[str, str, int]
-    max_bytes: int
-
-
-_CURRENT: contextvars.ContextVar[Optional[_Lookup]] = contextvars.ContextVar("vllm_operator_hub_lookup", default=None)
-
-
-class _Refused(Exception):
-    """Our own refusal inside the transport (not an httpx2 error, so nothing retries or wraps it)."""
-
-
-def _origin(url: Union[str, httpx2.URL]) -> tuple[str, str, int]:
-    parts = urllib.parse.urlsplit(str(url))
-    scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower().rstrip("."), parts.port or (443 if scheme == "https" else 80)
-
-
-def _current() -> _Lookup:
-    lookup = _CURRENT.get()
-    if lookup is None:  # huggingface_hub used outside lookup(): nothing bounds it, so nothing is sent
-        raise _Refused("no Hub request outside a bounded lookup")
-    return lookup
-
-
-def _left() -> float:
-    left = _current().deadline - time.monotonic()
-    if left <= 0:
-        raise httpcore2.ReadTimeout("timed out")
-    return left
-
-
-class _Stream(httpcore2.NetworkStream):
-    """A connection whose every wait is bounded by what is left of the lookup's deadline (a per-read timeout
-    bounds nothing against a server that trickles)."""
-
-    def __init__(self, inner: httpcore2.NetworkStream):
-        self._inner = inner
-
-    def read(self, max_bytes: int, timeout: Optional[float] = None) -> bytes:
-        return self._inner.read(max_bytes, _left())
-
-    def write(self, buffer: bytes, timeout: Optional[float] = None) -> None:
-        self._inner.write(buffer, _left())
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(self, ssl_context: Any, server_hostname: Optional[str] = None,
-                  timeout: Optional[float] = None) -> "_Stream":
-        return _Stream(self._inner.start_tls(ssl_context, server_hostname, _left()))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _Backend(httpcore2.NetworkBackend):
-    def __init__(self) -> None:
-        self._inner = httpcore2.SyncBackend()
-
-    def connect_tcp(self, host: str, port: int, timeout: Optional[float] = None, local_address: Optional[str] = None,
-                    socket_options: Any = None) -> _Stream:
-        return _Stream(self._inner.connect_tcp(host, port, _left(), local_address, socket_options))
-
-    def connect_unix_socket(self, path: str, timeout: Optional[float] = None, socket_options: Any = None) -> Any:
-        raise httpcore2.ConnectError("no unix sockets")
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(min(seconds, _left()))
-
-
-class _CappedBody(httpx2.SyncByteStream):
-    def __init__(self, inner: httpx2.SyncByteStream, max_bytes: int):
-        self._inner, self._max = inner, max_bytes
-
-    def __iter__(self) -> Iterator[bytes]:
-        seen = 0
-        for chunk in self._inner:
-            seen += len(chunk)
-            if seen > self._max:
-                raise _Refused(str(net.too_large(self._max)))
-            yield chunk
-
-    def close(self) -> None:
-        self._inner.close()
-
-
-class _Transport(httpx2.HTTPTransport):
-    """httpx2's own transport on the bounded network backend, refusing other hosts and answers over the cap."""
-
-    def __init__(self, proxy: Optional[str] = None):
-        super().__init__(trust_env=False)
-        ssl_context = httpx2.create_ssl_context(trust_env=False)
-        # httpx2's HTTPTransport keeps its httpcore2 pool in _pool and has no network_backend argument; the pool
-        # classes take one. tests/test_hub.py's trickle and stall cases fail if this stops taking effect.
-        if proxy:
-            self._pool = httpcore2.HTTPProxy(proxy_url=proxy, ssl_context=ssl_context, network_backend=_Backend())
-        else:
-            self._pool = httpcore2.ConnectionPool(ssl_context=ssl_context, network_backend=_Backend())
-
-    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        lookup = _current()
-        if _origin(request.url) != lookup.origin:
-            raise _Refused("request to another host refused")
-        response = super().handle_request(request)
-        location = response.headers.get("Location")
-        if 300 <= response.status_code < 400 and location is not None:
-            if _origin(urllib.parse.urljoin(str(request.url), location)) != lookup.origin:
-                response.close()
-                raise _Refused("redirect to another host refused")
-        length = response.headers.get("Content-Length", "")
-        if length.isdigit() and int(length) > lookup.max_bytes:
-            response.close()
-            raise _Refused(str(net.too_large(lookup.max_bytes)))
-        assert isinstance(response.stream, httpx2.SyncByteStream)
-        return httpx2.Response(response.status_code, headers=response.headers,
-                               stream=_CappedBody(response.stream, lookup.max_bytes), extensions=response.extensions)
-
-
-class _Routing(httpx2.BaseTransport):
-    """Direct, or through the environment's HTTP(S)_PROXY unless NO_PROXY names the host (as fetch.py does)."""
-
-    def __init__(self) -> None:
-        proxies = urllib.request.getproxies()
-        self._direct = _Transport()
-        self._proxied = {scheme: _Transport(proxies[scheme]) for scheme in ("http", "https") if proxies.get(scheme)}
-
-    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        proxied = self._proxied.get(request.url.scheme)
-        if proxied is not None and not urllib.request.proxy_bypass(request.url.host):
-            return proxied.handle_request(request)
-        return self._direct.handle_request(request)
-
-    def close(self) -> None:
-        for transport in (self._direct, *self._proxied.values()):
-            transport.close()
-
-
-def _client() -> httpx2.Client:
-    return httpx2.Client(transport=_Routing(), follow_redirects=True, max_redirects=5, trust_env=False,
-                         timeout=None)  # the network backend bounds every wait
-
-
-_INSTALL = threading.Lock()
-_installed = False
-
-
-def _install() -> None:
-    """huggingface_hub's one shared client becomes ours, once, at the first lookup (never at import)."""
-    global _installed
-    with _INSTALL:
-        if not _installed:
-            from huggingface_hub import set_client_factory
-
-            set_client_factory(_client)
-            _installed = True
-
-
-@contextlib.contextmanager
-def _bounded(endpoint: str, seconds: float, max_bytes: int) -> Iterator[None]:
-    token = _CURRENT.set(_Lookup(time.monotonic() + seconds, _origin(endpoint), max_bytes))
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
-
-
 # --------------------------------------------------------------------------- the lookup
 def lookup(repo_id: str, revision: Optional[str] = None, *, endpoint: str = DEFAULT_ENDPOINT,
            token: Union[str, bool, None] = False, seconds: float = DEFAULT_SECONDS,
@@ -271,15 +93,18 @@ def lookup(repo_id: str, revision: Optional[str] = None, *, endpoint: str = DEFA
 
     `token`: the operator's own token (a string), False for none (the operator: never the environment's or a
     login's), None for huggingface_hub's default (the offline CLI, as its user: HF_TOKEN or `hf auth login`)."""
-    _install()
     from huggingface_hub import HfApi, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+    from . import hubclient  # the bounded client, installed at the first lookup
+
+    hubclient.install()
     endpoint = endpoint.rstrip("/")
-    if _origin(endpoint)[0] not in ("http", "https") or not _origin(endpoint)[1]:
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise HubError("the Hub endpoint is not an http(s) URL")
     try:
-        with _bounded(endpoint, seconds, max_bytes):
+        with hubclient.bounded(endpoint, seconds, max_bytes):
             api = HfApi(endpoint=endpoint, token=token, library_name="vllm-operator")
             info = api.model_info(repo_id, revision=revision, expand=["safetensors", "sha"])
             sha = info.sha if isinstance(info.sha, str) else None
@@ -310,9 +135,12 @@ def _is_gated(err: BaseException) -> bool:
 
 def _category(err: BaseException, token: Union[str, bool, None]) -> str:
     """What went wrong, in our words: never an exception's text, which may quote what the server sent."""
+    import httpx2
     from huggingface_hub import errors
 
-    if isinstance(err, _Refused):
+    from .hubclient import Refused
+
+    if isinstance(err, Refused):
         return str(err)  # our own words
     if isinstance(err, net.FetchError):
         return f"config.json: {err}"  # net's categories quote nothing either
