@@ -264,3 +264,39 @@ def test_the_reconciler_plans_a_gated_hub_model_once_the_operator_has_its_token(
     assert status["plan"]["modelSource"].startswith(f"Hub ({stand_in.base}/{LLAMA_GATED}")
     assert any(k[0] == "StatefulSet" for k in world.kube.objects)
     assert stand_in.authorizations[0] == "" and set(stand_in.authorizations[1:]) == {f"Bearer {TOKEN}"}
+
+
+# --------------------------------------------------------------------------- a quantized checkpoint
+def awq_gemm_counts(config: dict) -> dict[str, int]:
+    """The safetensors counts of a 4-bit AWQ GEMM checkpoint, from its config.json by the format's layout (computed
+    here, not copied from the Hub): per linear layer qweight int32 [in, out/8], qzeros int32 [in/g, out/8], scales
+    float16 [in/g, out]; biases, norms, the embeddings and lm_head in float16."""
+    h, inter, kv = config["hidden_size"], config["intermediate_size"], config["num_key_value_heads"] * 128
+    g = config["quantization_config"]["group_size"]
+    linears = [(h, h), (h, kv), (h, kv), (h, h), (h, inter), (h, inter), (inter, h)]
+    i32 = sum(i * o // 8 + i // g * o // 8 for i, o in linears) * config["num_hidden_layers"]
+    f16 = (sum(i // g * o for i, o in linears) + h + 2 * kv + 2 * h) * config["num_hidden_layers"] + h \
+        + 2 * config["vocab_size"] * h
+    return {"I32": i32, "F16": f16}
+
+
+def test_a_quantized_checkpoint_is_sized_as_stored_by_the_hubs_counts(tmp_path):
+    config = json.loads((DATA.parent / "configs" / "Qwen2.5-7B-Instruct-AWQ.config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    counts = awq_gemm_counts(config)
+    stored = counts["I32"] * 4 + counts["F16"] * 2
+    repo = "acme/qwen-7b-awq"  # outside the catalog
+    with HubServer({repo: tmp_path}, safetensors={repo: {"parameters": counts, "total": sum(counts.values())}}) \
+            as server:
+        plan = pipeline.plan_server("awq", "ns", spec(repo), hf_endpoint=server.base)
+        estimated = pipeline.plan_server("awq", "ns", spec(repo, configURL=f"{server.base}/{repo}/resolve/main/"
+                                                                           "config.json"), hf_endpoint=server.base)
+    assert plan.fits and plan.weight_bytes_total == stored == 5_570_747_392
+    assert [n for n in plan.notes if n.startswith("weights sized as the checkpoint stores them (awq): 5.19 GiB by the "
+                                                  "Hub's safetensors metadata")]
+    # the packed count is not a parameter count: the shapes' estimate stays for it
+    assert "parameter_count" in plan.model.estimated and plan.model.architecture.parameter_count > 7e9
+    # without the Hub's counts, the 4-bit estimate with its overhead
+    assert estimated.weight_bytes_total != stored
+    print(f"AWQ Qwen2.5-7B weights: stored {stored:,} B, estimated {estimated.weight_bytes_total:,} B "
+          f"({(estimated.weight_bytes_total - stored) / stored:+.1%})")

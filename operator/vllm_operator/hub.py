@@ -48,6 +48,11 @@ GATED = ("the model is gated on the Hub and the operator has no token that opens
          "spec.model.architecture")
 
 
+#: Bytes per element of each safetensors dtype (the format's own list).
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2, "I16": 2, "U16": 2,
+               "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
+
+
 class HubError(ValueError):
     """A failed lookup, as a category safe to show anywhere."""
 
@@ -69,6 +74,14 @@ class HubFacts:
     @property
     def total(self) -> Optional[int]:
         return sum(self.parameters.values()) if self.parameters else None
+
+    @property
+    def stored_bytes(self) -> Optional[int]:
+        """The weights' bytes as the checkpoint stores them: each dtype's count times its size (None when a dtype
+        is one the table does not know)."""
+        if not self.parameters or any(dtype not in DTYPE_BYTES for dtype in self.parameters):
+            return None
+        return sum(count * DTYPE_BYTES[dtype] for dtype, count in self.parameters.items())
 
 
 def endpoint_setting(endpoint: Optional[str], offline: bool = False,

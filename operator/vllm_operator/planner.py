@@ -428,6 +428,16 @@ def weights_quantization(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> s
     return spec.model.quantization
 
 
+def loads_as_stored(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> bool:
+    """vLLM loads a quantized checkpoint's weights as they are stored: with model.quantization none (it reads the
+    method from the checkpoint) or the checkpoint's own method. A 16-bit checkpoint is not (fp8 quantizes it as it
+    loads; a float32 one runs in 16 bits)."""
+    checkpoint, wanted = arch.quantization, spec.model.quantization
+    if checkpoint in (None, "none"):
+        return False
+    return wanted == "none" or PREQUANTIZED.get(wanted, wanted) == checkpoint
+
+
 def quantization_problems(spec: VLLMServerSpec, arch: api.ModelArchitecture) -> list[Problem]:
     """model.quantization against the checkpoint's own (known only from its config.json), as vLLM 0.32 checks
     them at start: a method that needs quantized weights on a 16-bit checkpoint, or another method than the
@@ -802,10 +812,17 @@ def plan(
     # ---- weights
     p.problems.extend(quantization_problems(spec, arch))
     sized_as = weights_quantization(spec, arch)
-    if sized_as != spec.model.quantization:
-        p.notes.append(f"weights sized as the checkpoint stores them ({sized_as}, config.json quantization_config); "
-                       "vLLM reads the method from the checkpoint")
-    p.weight_bytes_total = weight_bytes(arch, sized_as, elem)
+    stored = model.stored_weight_bytes if loads_as_stored(spec, arch) else None
+    if stored:
+        p.notes.append(f"weights sized as the checkpoint stores them ({arch.quantization}): {gib(stored)} by the Hub's "
+                       "safetensors metadata (each dtype's count times its size); vLLM reads the method from the "
+                       "checkpoint")
+        p.weight_bytes_total = stored
+    else:
+        if sized_as != spec.model.quantization:
+            p.notes.append(f"weights sized as the checkpoint stores them ({sized_as}, config.json "
+                           "quantization_config); vLLM reads the method from the checkpoint")
+        p.weight_bytes_total = weight_bytes(arch, sized_as, elem)
     weights = math.ceil(p.weight_bytes_total / tp) + rotary_cache_bytes(arch, elem)
 
     # ---- batch sizing (before activation: the profile run uses max_num_batched_tokens)

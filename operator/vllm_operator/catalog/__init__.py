@@ -81,6 +81,9 @@ class ResolvedModel:
     estimated: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     """For the plan's notes: e.g. that config.json could not be fetched again and older facts stand in."""
+    stored_weight_bytes: Optional[int] = None
+    """The checkpoint's weights in bytes as stored, from the Hub's safetensors metadata (each dtype's count times its
+    size): exact where the parameter count is not, for a quantized checkpoint whose elements pack several weights."""
 
 
 class UnknownModelError(ValueError):
@@ -369,7 +372,7 @@ class ConfigCache:
 
     @dataclass(frozen=True)
     class _Entry:
-        architecture: Optional[ModelArchitecture] = None
+        architecture: Any = None
         fetched_at: float = 0.0
         error: Optional[str] = None
         failed_at: float = 0.0
@@ -380,9 +383,9 @@ class ConfigCache:
         self._entries: OrderedDict[tuple[str, Optional[str]], ConfigCache._Entry] = OrderedDict()
         self._lock = threading.Lock()
 
-    def facts(self, url: str, revision: Optional[str],
-              load: Callable[[], ModelArchitecture]) -> tuple[ModelArchitecture, str]:
-        """The architecture and, when it is the last good one standing in, a note saying so. ValueError
+    def facts(self, url: str, revision: Optional[str], load: Callable[[], Any]) -> tuple[Any, str]:
+        """What `load` gave (an architecture, or the Hub's facts) and, when it is the last good one standing in, a
+        note saying so. ValueError
         when no fetch of this URL has succeeded (the same one again until the retry is due)."""
         key, now = (url, revision), self._clock()
         entry = self._get(key)
@@ -490,6 +493,7 @@ def resolve_model(
     sources: list[str] = []  # lowest precedence first
     fetch_problem = ""
     notes: tuple[str, ...] = ()
+    stored_weight_bytes: Optional[int] = None
 
     catalog = lookup_model(model.name)
     if catalog is not None:
@@ -502,7 +506,8 @@ def resolve_model(
         try:
             if from_hub:
                 assert hf_endpoint is not None
-                from_config, note = _hub_architecture(model, hf_endpoint, hub_lookup, hf_token, cache)
+                from_the_hub, note = _hub_architecture(model, hf_endpoint, hub_lookup, hf_token, cache)
+                from_config, stored_weight_bytes = from_the_hub.architecture, from_the_hub.stored_weight_bytes
             else:
                 from_config, note = _config_architecture(config_location, model.revision, fetch, local_files, cache)
         except ValueError as err:
@@ -575,7 +580,10 @@ def resolve_model(
         architecture = ModelArchitecture.model_validate(fields)
     except pydantic.ValidationError as err:  # an estimate beyond the API's bounds: the spec has to give it
         raise UnknownModelError(model.name, _out_of_range(err), "estimated beyond the API's bounds") from None
-    return ResolvedModel(architecture=architecture, source=source, estimated=tuple(estimated), notes=notes)
+    if model.architecture and model.architecture.parameter_count:
+        stored_weight_bytes = None  # the spec's count is what the spec wants sized
+    return ResolvedModel(architecture=architecture, source=source, estimated=tuple(estimated), notes=notes,
+                         stored_weight_bytes=stored_weight_bytes)
 
 
 def _config_location(model: ModelSpec, hf_endpoint: Optional[str], in_catalog: bool,
@@ -595,14 +603,20 @@ def _config_location(model: ModelSpec, hf_endpoint: Optional[str], in_catalog: b
 _SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
+@dataclass(frozen=True)
+class _HubArchitecture:
+    architecture: ModelArchitecture
+    stored_weight_bytes: Optional[int]
+
+
 def _hub_architecture(model: ModelSpec, endpoint: str, lookup: Callable[..., hub.HubFacts],
-                      token: Union[str, bool, None], cache: Optional[ConfigCache]) -> tuple[ModelArchitecture, str]:
+                      token: Union[str, bool, None], cache: Optional[ConfigCache]) -> tuple[_HubArchitecture, str]:
     """The architecture the Hub gives (config.json and the safetensors metadata), and a note when older facts stand
     in for it. The Hub's parameter count is the checkpoint's exact one when its weights are stored unpacked (16 or
     32 bits, fp8): a 4-bit checkpoint's count is of packed elements (an AWQ int32 holds eight weights), so there
     the shapes' estimate stays."""
 
-    def load() -> ModelArchitecture:
+    def load() -> _HubArchitecture:
         try:
             facts = lookup(model.name, model.revision, endpoint=endpoint, token=token)
         except hub.HubError as err:
@@ -615,7 +629,8 @@ def _hub_architecture(model: ModelSpec, endpoint: str, lookup: Callable[..., hub
             dominant = max(facts.parameters, key=facts.parameters.__getitem__)
             update["torch_dtype"] = _SAFETENSORS_DTYPES.get(dominant)
         try:
-            return ModelArchitecture.model_validate({**_given(architecture), **_given_values(update)})
+            return _HubArchitecture(ModelArchitecture.model_validate({**_given(architecture), **_given_values(update)}),
+                                    facts.stored_bytes)
         except pydantic.ValidationError as err:
             raise ValueError(f"the Hub at {endpoint}: out of range: {', '.join(_out_of_range(err))}") from None
 
