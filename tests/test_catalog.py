@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
 import re
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import yaml
 from importlib import resources
 
+from tests.harness.hub_http import HubServer
 from vllm_operator import api
 from vllm_operator.api import ModelSpec
 from vllm_operator.catalog import (
@@ -478,38 +476,24 @@ def test_unknown_model_partial_spec_lists_only_what_is_missing():
 
 
 # --------------------------------------------------------------------------- real HTTP
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-
 @pytest.fixture
 def hub(tmp_path: Path):
-    """A local Hugging Face-shaped endpoint: ORG/MODEL/resolve/REV/config.json under a directory."""
-    model_dir = tmp_path / "acme" / "tiny-llama" / "resolve" / "main"
-    model_dir.mkdir(parents=True)
-    (model_dir / "config.json").write_text(json.dumps({**LLAMA_31_8B, "num_hidden_layers": 2}))
-    broken = tmp_path / "acme" / "broken" / "resolve" / "main"
-    broken.mkdir(parents=True)
-    (broken / "config.json").write_text("{ not json")
-    handler = functools.partial(_QuietHandler, directory=str(tmp_path))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    """The local Hub stand-in (e2e/hub_http.py), which the real huggingface_hub client reads: acme/tiny-llama has a
+    config.json, acme/broken one that is not JSON."""
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps({**LLAMA_31_8B, "num_hidden_layers": 2}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{ not json")
+    with HubServer({"acme/tiny-llama": tmp_path / "tiny", "acme/broken": tmp_path / "broken"}) as server:
+        yield server.base
 
 
 def test_resolve_through_hf_endpoint(hub):
     resolved = resolve_model(spec("acme/tiny-llama"), hf_endpoint=hub)
     assert resolved.architecture.num_layers == 2
     assert resolved.architecture.num_kv_heads == 8
-    assert resolved.source == f"config.json ({hub}/acme/tiny-llama/resolve/main/config.json)"
-    assert resolved.estimated == ("parameter_count",)
+    assert resolved.source == f"Hub ({hub}/acme/tiny-llama: config.json, safetensors metadata)"
+    assert resolved.estimated == ("parameter_count",)  # this repo has no safetensors metadata
 
 
 def test_hf_endpoint_not_used_for_catalog_models(hub):
@@ -539,7 +523,7 @@ def test_fetch_unreachable_endpoint_is_a_clear_error():
 def test_hf_endpoint_failure_becomes_unknown_model_error(hub):
     with pytest.raises(UnknownModelError) as info:
         resolve_model(spec("acme/missing"), hf_endpoint=hub)
-    assert "404" in str(info.value) and "numLayers" in str(info.value)
+    assert "no such model on the Hub" in str(info.value) and "numLayers" in str(info.value)
 
 
 def test_hf_endpoint_failure_is_harmless_when_spec_is_complete(hub):

@@ -55,7 +55,7 @@ def test_an_awq_checkpoint_with_quantization_none_is_sized_as_stored(hub):
     assert awq.weight_bytes_total < plain.weight_bytes_total * 0.4  # 4-bit weights, 16-bit embeddings
     assert [n for n in awq.notes if n.startswith("weights sized as the checkpoint stores them (awq")]
     assert awq.kv_cache_tokens > plain.kv_cache_tokens
-    assert ("GET", f"/{AWQ_REPO}/resolve/main/config.json") in hub.requests
+    assert ("GET", f"/api/models/{AWQ_REPO}") in hub.requests  # huggingface_hub's model API, then config.json
 
 
 @pytest.mark.parametrize("repo, quantization, words", [

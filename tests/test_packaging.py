@@ -24,7 +24,7 @@ from packaging.requirements import Requirement  # pytest's own dependency
 from packaging.utils import canonicalize_name
 
 from tests.harness.controlplane import KUBE_VERSION
-from vllm_operator import cli, packaging
+from vllm_operator import cli, hub, packaging
 from vllm_operator.api import MIN_KUBERNETES_VERSION as MIN_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,6 +216,22 @@ def test_no_rule_reaches_secrets_or_wildcards(values):
         for rule in obj.get("rules", []):
             assert not FORBIDDEN_RESOURCES & set(rule["resources"]), rule
             assert "*" not in rule["verbs"] and "*" not in rule["apiGroups"], rule
+
+
+def test_the_operators_hub_token_is_a_mounted_secret_of_its_own_namespace():
+    objects = render({"operator": {"hfTokenSecret": {"name": "operator-hf-token", "key": "hf"}, "offline": False}})
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    c = container(objects)
+    args = cli.build_parser().parse_args(["run", *c["args"]])
+    assert args.hf_token_file == "/var/run/secrets/vllm-operator/hf-token/hf" and not args.offline
+    assert hub.endpoint_setting(args.hf_endpoint, args.offline, environ={}) == "https://huggingface.co", "by default"
+    assert {"name": "hf-token", "mountPath": "/var/run/secrets/vllm-operator/hf-token", "readOnly": True} \
+        in c["volumeMounts"]
+    assert {"name": "hf-token", "secret": {"secretName": "operator-hf-token", "items": [{"key": "hf", "path": "hf"}]}} \
+        in pod["volumes"]
+    plain = container(render())
+    assert not any(a.startswith("--hf-token-file") for a in plain["args"]), "no token unless the value names one"
+    assert cli.build_parser().parse_args(["run", *container(render({"operator": {"offline": True}}))["args"]]).offline
 
 
 def test_deployment_is_locked_down_and_runs_the_real_cli():

@@ -7,11 +7,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Optional, TextIO, Union
 
 import yaml
 
-from . import api, builders, catalog, crd, pipeline
+from . import api, builders, catalog, crd, hub, pipeline
 from .planner import GiB, Plan
 
 BAR_WIDTH = 60
@@ -120,14 +120,20 @@ def input_files(paths: list[str]) -> list[str]:
 def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[tuple[str, Plan]], bool]:
     """Load and plan every document of every file; print document errors. Returns ([(file, plan)], all_ok)."""
     ok, plans = True, []
+    try:
+        settings = hub_settings(args)
+    except ValueError as exc:  # an unreadable --hf-token-file
+        err.write(f"vllm-operator: {exc}\n")
+        return [], False
     for path in input_files(args.file):
-        found, fine = _plans_of(path, args, err)
+        found, fine = _plans_of(path, settings, args, err)
         plans += [(path, p) for p in found]
         ok = ok and fine
     return plans, ok
 
 
-def _plans_of(path: str, args: argparse.Namespace, err: TextIO) -> tuple[list[Plan], bool]:
+def _plans_of(path: str, settings: tuple[Optional[str], Union[str, bool, None]], args: argparse.Namespace,
+              err: TextIO) -> tuple[list[Plan], bool]:
     try:
         text = _read(path) if not os.path.isdir(path) else ""
     except OSError as exc:
@@ -150,8 +156,10 @@ def _plans_of(path: str, args: argparse.Namespace, err: TextIO) -> tuple[list[Pl
             continue
         s = doc.server
         assert s is not None  # a document without errors holds its server
-        plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=args.hf_endpoint,
-                                    allow_unsafe_args=api.allows_unsafe_args(s.metadata), local_files=True)
+        endpoint, token = settings
+        plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=endpoint,
+                                    hf_token=token, allow_unsafe_args=api.allows_unsafe_args(s.metadata),
+                                    local_files=True)
         plans.append(plan)
         ok = ok and plan.fits
     return plans, ok
@@ -234,13 +242,36 @@ def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from . import operator_main  # kopf is imported only for `run`
+    from . import operator_main
 
     try:
         return operator_main.run(args)
     except operator_main.UnsupportedKubernetes as e:
         err.write(f"vllm-operator: {e}\n")
         return 2
+
+
+def _hub_arguments(parser: argparse.ArgumentParser, operator: bool = False) -> None:
+    parser.add_argument("--hf-endpoint",
+                        help="the Hugging Face Hub (or mirror) that models outside the catalog are looked up on: "
+                        f"config.json and the safetensors parameter counts (default: HF_ENDPOINT, else "
+                        f"{hub.DEFAULT_ENDPOINT}; none when HF_HUB_OFFLINE=1)")
+    parser.add_argument("--offline", action="store_true",
+                        help="look nothing up on a Hub: facts from the catalog, spec.model.configURL, "
+                        "spec.model.architecture" + ("" if operator else " and local model directories only"))
+    parser.add_argument("--hf-token-file", metavar="PATH",
+                        help="a file holding a Hub token for gated models, sent only to --hf-endpoint" + (
+                            " (the chart mounts operator.hfTokenSecret there; never a tenant's Secret)" if operator
+                            else " (default: HF_TOKEN or the token of `hf auth login`, as huggingface_hub finds it)"))
+
+
+def hub_settings(args: argparse.Namespace) -> tuple[Optional[str], Union[str, bool, None]]:
+    """(the Hub endpoint to look models up on, None offline; the token for it) from plan's and render's flags."""
+    endpoint = hub.endpoint_setting(getattr(args, "hf_endpoint", None), getattr(args, "offline", False))
+    if endpoint is None:
+        return None, False
+    path = getattr(args, "hf_token_file", None)
+    return endpoint, hub.read_token_file(path) if path else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,12 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="show the derived vLLM flags, memory and capacity of VLLMServer files")
     p.add_argument("file", nargs="+", help="YAML files or directories of VLLMServer documents ('-' for stdin)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    p.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
+    _hub_arguments(p)
     p.set_defaults(func=cmd_plan)
 
     r = sub.add_parser("render", help="print every Kubernetes object the operator would apply, as YAML")
     r.add_argument("file", nargs="+", help="YAML files or directories of VLLMServer documents ('-' for stdin)")
-    r.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
+    _hub_arguments(r)
     r.set_defaults(func=cmd_render)
 
     c = sub.add_parser("crd", help="print the VLLMServer CustomResourceDefinition")
@@ -272,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="watch only this namespace (repeatable); cluster-wide when omitted")
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("--verbose", action="store_true")
-    run.add_argument("--hf-endpoint", help="fetch config.json of models not in the catalog from this endpoint")
+    _hub_arguments(run, operator=True)
     run.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
     run.add_argument("--allowed-config-url", action="append", default=[], metavar="PREFIX",
                      help="a URL prefix spec.model.configURL may name, beside the public Hub and --hf-endpoint "

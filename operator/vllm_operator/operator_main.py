@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, builders, telemetry
+from . import api, builders, hub, telemetry
 from .controller import apierrors, apisession, events, replan
 from .informers import cache
 from .kopfext import peering, persistence, toggles
@@ -94,19 +94,25 @@ def check_server_version(kube: Kube) -> tuple[int, int]:
     return version
 
 
+def hub_endpoint(args: argparse.Namespace) -> Optional[str]:
+    """The Hub models outside the catalog are looked up on (hub.endpoint_setting), None offline."""
+    return hub.endpoint_setting(getattr(args, "hf_endpoint", None), getattr(args, "offline", False))
+
+
 def url_policy(args: argparse.Namespace) -> URLPolicy:
     """What a spec's configURL and prometheusURL may name: the operator's own endpoints, the public Hub, and
     the prefixes its flags add."""
     return URLPolicy.from_settings(getattr(args, "allowed_config_url", None) or (),
                                    getattr(args, "allowed_prometheus_url", None) or (),
-                                   hf_endpoint=getattr(args, "hf_endpoint", None),
+                                   hf_endpoint=hub_endpoint(args),
                                    prometheus_url=getattr(args, "prometheus_url", None))
 
 
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
     kube = Kube(client or api_client())
     check_server_version(kube)
-    return Reconciler(kube, hf_endpoint=getattr(args, "hf_endpoint", None),
+    return Reconciler(kube, hf_endpoint=hub_endpoint(args),
+                      hf_token=hub.token_reader(getattr(args, "hf_token_file", None)),
                       prometheus_url=getattr(args, "prometheus_url", None), events_of=events.FailureEvents(kube).of,
                       urls=url_policy(args),
                       replan_budget=replan.Budget(getattr(args, "replan_outdated_per_minute", 0.0) or 0.0))

@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import pydantic
 import yaml
@@ -174,17 +174,20 @@ def plan_server(
     local_files: bool = False,
     configs: Optional[catalog.ConfigCache] = None,
     urls: Optional[URLPolicy] = None,
+    hf_token: Union[str, bool, None] = False,
 ) -> planner.Plan:
     """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan.
 
     `allow_unsafe_args`: api.allows_unsafe_args(metadata), the escape hatch for --host/--port in extraArgs.
     `local_files`: a model directory or config.json path is read from this machine (the CLI; never the
     operator). `configs`: the operator's cache of fetched config.json facts. `urls`: the operator's URL
-    settings: a configURL outside them is a problem, and is not fetched."""
+    settings: a configURL outside them is a problem, and is not fetched. `hf_endpoint`: the Hub a model outside the
+    catalog is looked up on (None: none, offline); `hf_token`: the token sent to it (hub.lookup's `token`)."""
     model_error = None
     model_error_field = "spec.model.architecture"
     base = None
-    resolving: dict[str, Any] = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files, "cache": configs}
+    resolving: dict[str, Any] = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files,
+                                 "cache": configs, "hf_token": hf_token}
     refused = urls.config_problem(spec.model.config_url) if urls and spec.model.config_url else None
     try:
         if refused:

@@ -25,8 +25,8 @@ from .autoscaler.policy import TOLERANCE
 from .catalog import Architecture, ResolvedModel
 from .gpus import GPUSelection, select_gpu
 from .urlpolicy import URLPolicy
-from .validation import (UNSAFE_FLAGS, Problem, check_spec, hardware_problems, image_vllm_version,
-                         quantization_problems, unchecked_extra_args)
+from .validation import (PREQUANTIZED, UNSAFE_FLAGS, Problem, check_spec, hardware_problems, image_vllm_version,
+    quantization_problems, unchecked_extra_args)
 
 GiB = 2**30
 MiB = 2**20
@@ -467,6 +467,16 @@ def weights_quantization(spec: VLLMServerSpec, arch: Architecture) -> str:
     return spec.model.quantization
 
 
+def loads_as_stored(spec: VLLMServerSpec, arch: Architecture) -> bool:
+    """vLLM loads a quantized checkpoint's weights as they are stored: with model.quantization none (it reads the
+    method from the checkpoint) or the checkpoint's own method. A 16-bit checkpoint is not (fp8 quantizes it as it
+    loads; a float32 one runs in 16 bits)."""
+    checkpoint, wanted = arch.quantization, spec.model.quantization
+    if checkpoint in (None, "none"):
+        return False
+    return wanted == "none" or PREQUANTIZED.get(wanted, wanted) == checkpoint
+
+
 # --------------------------------------------------------------------------- planning
 def resolve_gpu_memory(spec: VLLMServerSpec, gpu: GPUSelection) -> tuple[Optional[int], str]:
     """One GPU's (or MIG slice's) memory: gpu.memory, else the smallest the selected nodes can have."""
@@ -619,10 +629,17 @@ def plan_weights(p: Plan, s: Sizing) -> None:
     spec, arch = p.spec, s.arch
     p.problems.extend(quantization_problems(spec, arch))
     sized_as = weights_quantization(spec, arch)
-    if sized_as != spec.model.quantization:
-        p.notes.append(f"weights sized as the checkpoint stores them ({sized_as}, config.json quantization_config); "
-                       "vLLM reads the method from the checkpoint")
-    p.weight_bytes_total = weight_bytes(arch, sized_as, s.elem)
+    stored = p.model.stored_weight_bytes if p.model is not None and loads_as_stored(spec, arch) else None
+    if stored:
+        p.notes.append(f"weights sized as the checkpoint stores them ({arch.quantization}): {gib(stored)} by the Hub's "
+                       "safetensors metadata (each dtype's count times its size); vLLM reads the method from the "
+                       "checkpoint")
+        p.weight_bytes_total = stored
+    else:
+        if sized_as != spec.model.quantization:
+            p.notes.append(f"weights sized as the checkpoint stores them ({sized_as}, config.json "
+                           "quantization_config); vLLM reads the method from the checkpoint")
+        p.weight_bytes_total = weight_bytes(arch, sized_as, s.elem)
     s.weights = math.ceil(p.weight_bytes_total / p.tensor_parallel_size) + rotary_cache_bytes(arch, s.elem)
 
 

@@ -56,7 +56,8 @@ class URLPolicy:
     def from_settings(cls, config: Iterable[str] = (), prometheus: Iterable[str] = (), *,
                       hf_endpoint: Optional[str] = None, prometheus_url: Optional[str] = None) -> "URLPolicy":
         """The allowed prefixes: the public Hub and the operator's own endpoints, plus what its settings add."""
-        configs = [PUBLIC_HUB, *([hf_endpoint] if hf_endpoint else []), *config]
+        own = [hf_endpoint] if hf_endpoint and hf_endpoint.rstrip("/") + "/" != PUBLIC_HUB else []
+        configs = [PUBLIC_HUB, *own, *config]
         proms = [*([prometheus_url] if prometheus_url else []), *prometheus]
         return cls(tuple(dict.fromkeys(configs)), tuple(dict.fromkeys(proms)))
 

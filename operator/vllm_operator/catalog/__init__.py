@@ -2,11 +2,12 @@
 
 One job: answer "what is this model's architecture?" and "how much memory does this
 GPU have?" -- from built-in data (``models.yaml``, ``gpus.yaml``), a model's
-``config.json`` (a URL, a local directory or a Hugging Face endpoint), and the
-``spec.model.architecture`` overrides, in that order of precedence. Fields nobody
-gave are derived where the arithmetic is unambiguous and reported as estimated.
+``config.json`` (a URL, a local directory, or the Hugging Face Hub with its safetensors
+metadata: ``hub.py``), and the ``spec.model.architecture`` overrides, in that order of
+precedence. Fields nobody gave are derived where the arithmetic is unambiguous and reported
+as estimated.
 
-Pure apart from :func:`fetch_config` (which the caller can replace, and :class:`ConfigCache`
+Pure apart from :func:`fetch_config` and ``hub.lookup`` (which the caller can replace, and :class:`ConfigCache`
 can keep answers of) and :func:`read_config_file`, which only the offline CLI uses: in the
 operator a config.json comes over http(s) or not at all, since the operator's own files are
 none of a tenant's business. Nothing here touches the network at import time, and the YAML
@@ -27,12 +28,13 @@ import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable, Optional, Protocol, cast
+from typing import Any, Callable, Optional, Protocol, Union, cast
 
 import pydantic
 import yaml
 
 from .. import fetch as net
+from .. import hub
 from ..api import ModelArchitecture, ModelSpec
 
 __all__ = [
@@ -108,6 +110,9 @@ class ResolvedModel:
     estimated: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     """For the plan's notes: e.g. that config.json could not be fetched again and older facts stand in."""
+    stored_weight_bytes: Optional[int] = None
+    """The checkpoint's weights in bytes as stored, from the Hub's safetensors metadata (each dtype's count times its
+    size): exact where the parameter count is not, for a quantized checkpoint whose elements pack several weights."""
 
     @property
     def complete(self) -> Architecture:
@@ -447,7 +452,7 @@ class ConfigCache:
 
     @dataclass(frozen=True)
     class _Entry:
-        architecture: Optional[ModelArchitecture] = None
+        architecture: Any = None
         fetched_at: float = 0.0
         error: Optional[str] = None
         failed_at: float = 0.0
@@ -458,9 +463,9 @@ class ConfigCache:
         self._entries: OrderedDict[tuple[str, Optional[str]], ConfigCache._Entry] = OrderedDict()
         self._lock = threading.Lock()
 
-    def facts(self, url: str, revision: Optional[str],
-              load: Callable[[], ModelArchitecture]) -> tuple[ModelArchitecture, str]:
-        """The architecture and, when it is the last good one standing in, a note saying so. ValueError
+    def facts(self, url: str, revision: Optional[str], load: Callable[[], Any]) -> tuple[Any, str]:
+        """What `load` gave (an architecture, or the Hub's facts) and, when it is the last good one standing in, a
+        note saying so. ValueError
         when no fetch of this URL has succeeded (the same one again until the retry is due)."""
         key, now = (url, revision), self._clock()
         entry = self._get(key)
@@ -549,13 +554,17 @@ def resolve_model(
     fetch: Callable[[str], dict[str, Any]] = fetch_config,
     local_files: bool = False,
     cache: Optional[ConfigCache] = None,
+    hub_lookup: Callable[..., hub.HubFacts] = hub.lookup,
+    hf_token: Union[str, bool, None] = False,
 ) -> ResolvedModel:
     """Combine catalog, config.json and spec into a complete architecture.
 
     Precedence, lowest to highest: the catalog entry; the config.json (from
     ``spec.model.configURL``, from the model directory when ``name`` is a local
-    directory and `local_files` allows it (the CLI), or from ``hf_endpoint`` when the
-    model is not in the catalog); each field given under ``spec.model.architecture``.
+    directory and `local_files` allows it (the CLI), or from the Hub at ``hf_endpoint`` when the
+    model is not in the catalog, with the exact parameter count of its safetensors metadata
+    (`hub_lookup`, sending `hf_token`: hub.lookup's token); each field given under
+    ``spec.model.architecture``.
     Then the derivable fields are filled and listed in ``estimated``. Raises
     UnknownModelError when the result is still too incomplete to plan with, and
     ValueError when an explicitly requested config.json cannot be read. `cache` keeps
@@ -565,6 +574,7 @@ def resolve_model(
     sources: list[str] = []  # lowest precedence first
     fetch_problem = ""
     notes: tuple[str, ...] = ()
+    stored_weight_bytes: Optional[int] = None
 
     catalog = lookup_model(model.name)
     if catalog is not None:
@@ -572,16 +582,23 @@ def resolve_model(
         sources.append(f"catalog ({_catalog_source(model.name)})")
 
     config_location, explicit = _config_location(model, hf_endpoint, catalog is not None, local_files)
+    from_hub = config_location is not None and not explicit and hf_endpoint is not None
     if config_location is not None:
         try:
-            from_config, note = _config_architecture(config_location, model.revision, fetch, local_files, cache)
+            if from_hub:
+                assert hf_endpoint is not None
+                from_the_hub, note = _hub_architecture(model, hf_endpoint, hub_lookup, hf_token, cache)
+                from_config, stored_weight_bytes = from_the_hub.architecture, from_the_hub.stored_weight_bytes
+            else:
+                from_config, note = _config_architecture(config_location, model.revision, fetch, local_files, cache)
         except ValueError as err:
             if explicit:
                 raise
             fetch_problem = str(err)
         else:
             fields.update(_given(from_config))
-            sources.append(f"config.json ({config_location})")
+            sources.append(f"Hub ({config_location}: config.json, safetensors metadata)" if from_hub
+                           else f"config.json ({config_location})")
             notes = (note,) if note else ()
 
     spec_fields = _given(model.architecture)
@@ -615,6 +632,8 @@ def resolve_model(
             missing.append(f"{CAMEL['num_kv_heads']} (optional; defaults to {CAMEL['num_attention_heads']})")
         raise UnknownModelError(model.name, missing, fetch_problem)
 
+    if from_hub and fields.get("parameter_count") and not (model.architecture and model.architecture.parameter_count):
+        notes = (*notes, _exact_count_note(fields))
     if not fields.get("parameter_count"):
         fields["parameter_count"] = _estimate(fields)
         estimated.append("parameter_count")
@@ -642,7 +661,10 @@ def resolve_model(
         architecture = ModelArchitecture.model_validate(fields)
     except pydantic.ValidationError as err:  # an estimate beyond the API's bounds: the spec has to give it
         raise UnknownModelError(model.name, _out_of_range(err), "estimated beyond the API's bounds") from None
-    return ResolvedModel(architecture=architecture, source=source, estimated=tuple(estimated), notes=notes)
+    if model.architecture and model.architecture.parameter_count:
+        stored_weight_bytes = None  # the spec's count is what the spec wants sized
+    return ResolvedModel(architecture=architecture, source=source, estimated=tuple(estimated), notes=notes,
+                         stored_weight_bytes=stored_weight_bytes)
 
 
 def _config_location(model: ModelSpec, hf_endpoint: Optional[str], in_catalog: bool,
@@ -654,8 +676,63 @@ def _config_location(model: ModelSpec, hf_endpoint: Optional[str], in_catalog: b
     if local_files and os.path.isdir(model.name):
         return model.name, True
     if hf_endpoint and not in_catalog:
-        return hf_config_url(model.name, model.revision, hf_endpoint), False
+        return f"{hf_endpoint.rstrip('/')}/{model.name.strip('/')}", False
     return None, True
+
+
+#: safetensors dtypes the Hub counts -> the config.json dtype they are (for a config.json without torch_dtype).
+_SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+@dataclass(frozen=True)
+class _HubArchitecture:
+    architecture: ModelArchitecture
+    stored_weight_bytes: Optional[int]
+
+
+def _hub_architecture(model: ModelSpec, endpoint: str, lookup: Callable[..., hub.HubFacts],
+                      token: Union[str, bool, None], cache: Optional[ConfigCache]) -> tuple[_HubArchitecture, str]:
+    """The architecture the Hub gives (config.json and the safetensors metadata), and a note when older facts stand
+    in for it. The Hub's parameter count is the checkpoint's exact one when its weights are stored unpacked (16 or
+    32 bits, fp8): a 4-bit checkpoint's count is of packed elements (an AWQ int32 holds eight weights), so there
+    the shapes' estimate stays."""
+
+    def load() -> _HubArchitecture:
+        try:
+            facts = lookup(model.name, model.revision, endpoint=endpoint, token=token)
+        except hub.HubError as err:
+            raise ValueError(f"the Hub at {endpoint}: {err}") from None
+        architecture = _facts(facts.config, f"{endpoint}/{model.name}")
+        update: dict[str, Any] = {}
+        if facts.total and architecture.quantization in ("none", "fp8"):
+            update["parameter_count"] = facts.total
+        if architecture.torch_dtype is None and facts.parameters:
+            dominant = max(facts.parameters, key=facts.parameters.__getitem__)
+            update["torch_dtype"] = _SAFETENSORS_DTYPES.get(dominant)
+        try:
+            return _HubArchitecture(ModelArchitecture.model_validate({**_given(architecture), **_given_values(update)}),
+                                    facts.stored_bytes)
+        except pydantic.ValidationError as err:
+            raise ValueError(f"the Hub at {endpoint}: out of range: {', '.join(_out_of_range(err))}") from None
+
+    key = f"hub:{endpoint.rstrip('/')}/{model.name}"
+    return cache.facts(key, model.revision, load) if cache is not None else (load(), "")
+
+
+def _given_values(update: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in update.items() if v is not None}
+
+
+def _exact_count_note(fields: dict[str, Any]) -> str:
+    """The Hub's exact count beside what the shapes give: the planner sized the weights with the exact one."""
+    exact = fields["parameter_count"]
+    shapes = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
+              "vocab_size")
+    if not all(fields.get(k) for k in shapes):
+        return f"weights sized with the Hub's exact parameter count {exact:,} (safetensors metadata)"
+    derived = _estimate(fields)
+    return (f"weights sized with the Hub's exact parameter count {exact:,} (safetensors metadata); config.json's "
+            f"shapes give {derived:,} ({(derived - exact) / exact:+.2%})")
 
 
 def _config_architecture(location: str, revision: Optional[str], fetch: Callable[[str], dict[str, Any]],

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from .. import api, builders, catalog, pipeline, podsecurity
 from . import apierrors, events, failures, kvcapacity, replan
@@ -182,7 +182,10 @@ class Result:
 @dataclass
 class Reconciler:
     kube: Kube
+    #: The Hub models outside the catalog are looked up on (hub.py); None: none.
     hf_endpoint: Optional[str] = None
+    #: The operator's own Hub token, read at each reconcile (hub.token_reader); False: none.
+    hf_token: Callable[[], Union[str, bool]] = lambda: False
     prometheus_url: Optional[str] = None
     clock: Callable[[], str] = utcnow
     fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
@@ -246,6 +249,7 @@ class Reconciler:
         if spec is not None:
             kwargs = {"fetch": self.fetch_config} if self.fetch_config else {}
             plan = pipeline.plan_server(name, namespace, spec, hf_endpoint=self.hf_endpoint,
+                                        hf_token=self.hf_token() if self.hf_endpoint else False,
                                         default_prometheus_url=self.prometheus_url,
                                         allow_unsafe_args=api.allows_unsafe_args(meta), configs=self.configs,
                                         urls=self.urls,
