@@ -22,7 +22,7 @@ import pytest
 from vllm_operator import api, catalog, pipeline, planner, vllm_flags
 from vllm_operator.planner import Plan
 
-#: Every test here runs vLLM's parser but the snapshot check, which needs only vllm_flags.json.
+#: Every test here runs vLLM's parser but the snapshot checks, which need only vllm_releases/*.json.
 needs_vllm = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,18 +154,34 @@ def test_every_emitted_arg_list_is_accepted_by_vllm(capsys):
     assert len(sampled) >= MIN_CHECKED
 
 
+def _releases() -> list[str]:
+    from e2e.dump_vllm_flags import all_releases
+
+    return all_releases()
+
+
 @needs_vllm
 @pytest.mark.timeout(1800)
-def test_flag_snapshot_matches_vllm():
-    """The committed vllm_flags.json is what vLLM's parser says today (regenerate: python -m e2e.dump_vllm_flags)."""
-    from e2e.dump_vllm_flags import TARGET, generate
+@pytest.mark.parametrize("release", _releases())
+def test_flag_snapshot_matches_vllm(release):
+    """Each committed vllm_releases/<release>.json is what that release's parser says (regenerate: python -m
+    e2e.dump_vllm_flags). Cold, a release's wheel is fetched and read in about half a minute; after that its
+    parser's output is cached by wheel hash, and the check takes milliseconds."""
+    from e2e.dump_vllm_flags import TARGET_DIR, generate
 
-    fresh = generate()
-    assert TARGET.read_text() == fresh, "vllm_flags.json drifted from vLLM's parser; run python -m e2e.dump_vllm_flags"
+    fresh = generate(release)
+    target = TARGET_DIR / f"{release}.json"
+    assert target.exists() and target.read_text() == fresh, \
+        f"vllm_releases/{release}.json drifted from vLLM {release}'s parser; run python -m e2e.dump_vllm_flags"
+
+
+def test_every_snapshot_is_a_supported_release():
+    """No snapshot is left behind for a release the generator no longer makes, and none is missing."""
+    assert list(vllm_flags.releases()) == _releases()
 
 
 def snapshot_problems(args: list[str]) -> list[str]:
-    """What vLLM's parser, as vllm_flags.json records it, would refuse in `vllm serve` args (after the model)."""
+    """What vLLM's parser, as the default release's snapshot records it, would refuse in `vllm serve` args (after the model)."""
     known, problems, i = vllm_flags.flags(), [], 1
     while i < len(args):
         flag, eq, inline = args[i].partition("=")
