@@ -63,7 +63,7 @@ MAX_NAME_LENGTH = 52
 #: The non-root user the vLLM container runs as unless spec.runAsUser says otherwise.
 DEFAULT_RUN_AS_USER = 1000
 
-#: The vLLM release the default image pins: the one whose parser made vllm_flags.json (its "version").
+#: The vLLM release the default image pins (vllm_flags.VERSION: its snapshot, vllm_releases/<release>.json, is the default).
 VLLM_VERSION = vllm_flags.VERSION
 DEFAULT_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 #: The port vLLM serves on in every pod (the Services, probes and scrapes use it).
@@ -647,8 +647,8 @@ class Condition(_Model):
 
     model_config = ConfigDict(extra="ignore")
     type: str
-    """Condition type: SpecValid, Ready, Progressing, Degraded, ExternalScaler (the reconciler's);
-    AutoscalingActive, AutoscalingLimited (the autoscaler's)."""
+    """Condition type: SpecValid, Ready, Progressing, Degraded, ExternalScaler, PlanOutdated, ExtraArgsUnchecked
+    (the reconciler's); AutoscalingActive, AutoscalingLimited (the autoscaler's)."""
     status: Literal["True", "False", "Unknown"]
     """True, False or Unknown."""
     reason: str = ""

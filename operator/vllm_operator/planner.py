@@ -227,6 +227,46 @@ class Memory:
         return self.total - self.budget - self.reserved
 
 
+@dataclass(frozen=True)
+class FlagCheck:
+    """Which vLLM release's flags check a server: the snapshot of the release its image's tag names (exact), or,
+    for a release without one or an image whose tag names none, the nearest snapshot, loosely (vllm_flags)."""
+
+    image: str
+    release: Optional[str]
+    """The release the image's tag names (None: it names none)."""
+    snapshot: vllm_flags.Snapshot
+    exact: bool
+    unchecked: tuple[str, ...] = ()
+    """extraArgs flags the snapshot does not know, passed to vLLM unchecked (loose only)."""
+
+    def warning(self) -> Optional[str]:
+        """Why the check was loose, for the plan's notes, the ExtraArgsUnchecked condition and the CLI."""
+        if self.exact:
+            return None
+        have = vllm_flags.releases()
+        known = f"vLLM {have[0]} to {have[-1]}" if len(have) > 1 else f"vLLM {have[0]}"
+        what = (f"image {self.image} names no vLLM release in its tag" if self.release is None else
+                f"image {self.image} runs vLLM {self.release}, which the operator has no flag snapshot of")
+        out = (f"{what} (it has {known}'s), so extraArgs were checked loosely against vLLM {self.snapshot.version}'s "
+               "flags: a flag or value only another release knows passes, derived flags and credentials stay "
+               "refused")
+        if self.unchecked:
+            out += f"; passed unchecked: {', '.join(self.unchecked)}"
+        if self.release is None:
+            out += f". Name the release in the tag (vllm/vllm-openai:v{vllm_flags.VERSION}@sha256:...) for the " \
+                   "strict check"
+        return out
+
+
+def flag_check(spec: VLLMServerSpec) -> FlagCheck:
+    """Pure: the release the image names and the flag snapshot that checks the server's args."""
+    release = image_vllm_version(spec.image)
+    snap, exact = vllm_flags.snapshot_for(release)
+    unchecked = () if exact else tuple(unchecked_extra_args(list(spec.engine.extra_args), snap))
+    return FlagCheck(image=spec.image, release=release, snapshot=snap, exact=exact, unchecked=unchecked)
+
+
 @dataclass
 class Plan:
     """Everything derived for one VLLMServer."""
@@ -266,6 +306,8 @@ class Plan:
     """The port vLLM listens on in the pod: 8000 unless extraArgs sets --port under the escape hatch."""
     notes: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    flags: Optional[FlagCheck] = None
+    """The vLLM release whose flags the args were checked against and emitted for."""
 
     @property
     def fits(self) -> bool:
@@ -457,27 +499,30 @@ def _capability(gpu: Any) -> int:
     return int(major) * 10 + int(minor or 0)
 
 
-def hardware_problems(spec: VLLMServerSpec, gpu: GPUSelection) -> list[Problem]:
-    """What the GPU's compute capability rules out, as vLLM gates it (vllm_flags.json, read from the release's
-    own code: each quantization method's get_min_capability, CudaPlatform.check_if_supports_dtype). Checked
-    against the oldest product the pods may land on; an unknown product (gpu.memory given) is not checked."""
+def hardware_problems(spec: VLLMServerSpec, gpu: GPUSelection,
+                      snap: Optional[vllm_flags.Snapshot] = None) -> list[Problem]:
+    """What the GPU's compute capability rules out, as the image's vLLM release gates it (its snapshot in
+    vllm_releases/, read from that release's own code: each quantization method's get_min_capability,
+    CudaPlatform.check_if_supports_dtype). Checked against the oldest product the pods may land on; an unknown
+    product (gpu.memory given) is not checked."""
     if not gpu.products:
         return []
+    snap = snap or flag_check(spec).snapshot
     oldest = min(gpu.products, key=_capability)
     have, name = _capability(oldest), oldest.product
     out = []
-    bf16 = vllm_flags.bfloat16_min_capability()
+    bf16 = snap.bfloat16_capability
     if spec.model.dtype == "bfloat16" and have < bf16:
         out.append(Problem("spec.model.dtype", f"bfloat16 needs compute capability {bf16 / 10:.1f} in vLLM "
-                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: use float16, or auto (vLLM then "
+                           f"{snap.version}; {name} has {have / 10:.1f}: use float16, or auto (vLLM then "
                            "runs a bfloat16 checkpoint as float16)"))
     method = spec.model.quantization
-    need = vllm_flags.quantization_min_capability(method) if method != "none" else None
+    need = snap.quantization_min_capability(method) if method != "none" else None
     if need is not None and have < need:
         usable = sorted(m for m in QUANTIZATION_CHOICES if m != "none" and m not in UNSUPPORTED_QUANTIZATION
-                        and (vllm_flags.quantization_min_capability(m) or 1000) <= have)
+                        and (snap.quantization_min_capability(m) or 1000) <= have)
         out.append(Problem("spec.model.quantization", f"{method} needs compute capability {need / 10:.1f} in vLLM "
-                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: "
+                           f"{snap.version}; {name} has {have / 10:.1f}: "
                            + (f"a checkpoint quantized with {', '.join(usable)} runs there" if usable
                               else "no quantization method of vLLM runs there")))
     return out
@@ -489,6 +534,7 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
     spec.model.configURL is checked before it is fetched, in pipeline.plan_server)."""
     problems: list[Problem] = []
     add = lambda f, m: problems.append(Problem(f, m))  # noqa: E731
+    checked = flag_check(spec)
 
     if name[:1].isdigit():
         add("metadata.name", f"{name!r} starts with a digit; the client Service is named after the server and "
@@ -545,7 +591,7 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
                 "it. Put it in a Secret and reference it with spec.hfTokenSecretRef (the Hugging Face token) or "
                 "valueFrom.secretKeyRef")
     if spec.model.quantization in UNSUPPORTED_QUANTIZATION:
-        add("spec.model.quantization", f"vLLM {vllm_flags.VERSION} has no quantization method "
+        add("spec.model.quantization", f"vLLM {checked.snapshot.version} has no quantization method "
             f"{spec.model.quantization!r} and would exit at start: "
             f"{UNSUPPORTED_QUANTIZATION[spec.model.quantization]}")
     gpu_resources = {k for k in [*spec.resources.requests, *spec.resources.limits]
@@ -584,7 +630,7 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
                 add(f"spec.resources.requests.{key}", f"{request} differs from the limit {limit}; {key} cannot be "
                     "overcommitted, so Kubernetes refuses a request other than the limit")
     problems.extend(check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args,
-                                     loose=image_vllm_version(spec.image) not in (None, vllm_flags.VERSION)))
+                                     loose=not checked.exact, snapshot=checked.snapshot))
     return problems
 
 
@@ -598,19 +644,20 @@ def image_vllm_version(image: str) -> Optional[str]:
     return re.split(r"[-+]", found.group(1))[0] if found else None
 
 
-def unchecked_extra_args(extra: list[str]) -> list[str]:
+def unchecked_extra_args(extra: list[str], snap: Optional[vllm_flags.Snapshot] = None) -> list[str]:
     """The extraArgs flags the flag snapshot does not know (passed unchecked for another vLLM release)."""
     return [flag for flag in (token.partition("=")[0] for token in extra)
-            if flag.startswith("--") and _snapshot_flag(flag)[2] is None]
+            if flag.startswith("--") and _snapshot_flag(flag, snap)[2] is None]
 
 
-def _snapshot_flag(flag: str) -> tuple[str, Optional[str], Optional[vllm_flags.FlagInfo]]:
+def _snapshot_flag(flag: str, snap: Optional[vllm_flags.Snapshot] = None
+                   ) -> tuple[str, Optional[str], Optional[vllm_flags.FlagInfo]]:
     """(normalised flag, its JSON-valued parent for a dotted key such as --compilation-config.mode, what the
-    snapshot's parser knows of it, or None)."""
+    snapshot's parser knows of it, or None). `snap`: the default release's when not given."""
     normal = vllm_flags.normalise(flag)
     # --compilation-config.mode 3 sets one key of a JSON-valued flag (FlexibleArgumentParser).
     dotted = normal.split(".", 1)[0].rstrip("+") if normal.startswith("--") and "." in normal else None
-    return normal, dotted, vllm_flags.flags().get(dotted or normal)
+    return normal, dotted, (snap or vllm_flags.snapshot()).flags.get(dotted or normal)
 
 
 def overcommittable(resource: str) -> bool:
@@ -637,13 +684,17 @@ def _values(extra: list[str], i: int, info: Optional[vllm_flags.FlagInfo]) -> li
     return extra[i:end]
 
 
-def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool = False) -> list[Problem]:
-    """Refuse flags vLLM does not have, flags the operator derives (--host/--port only with the escape-hatch
+def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool = False,
+                     snapshot: Optional[vllm_flags.Snapshot] = None) -> list[Problem]:
+    """Refuse flags vLLM does not have, flags the operator derives (or another spelling of one, such as
+    --device-memory-utilization for --gpu-memory-utilization; --host/--port only with the escape-hatch
     annotation: `allow_unsafe`) and credentials as flag values (one problem per flag).
 
-    `loose`: the image runs another vLLM release than the snapshot's: what only the snapshot's parser can tell
-    (a flag it lacks or has removed, a value outside its choices) is not refused, since that release may differ;
-    what the operator owns and credentials still are."""
+    `snapshot`: the flags of the image's vLLM release (the default release's when not given). `loose`: the image
+    runs a release without a snapshot of its own: what only its parser can tell (a flag the snapshot lacks or has
+    removed, a value outside its choices) is not refused, since that release may differ; what the operator owns
+    and credentials still are."""
+    snap = snapshot or vllm_flags.snapshot()
     problems: list[Problem] = []
     i = 0
     while i < len(extra):
@@ -657,7 +708,10 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
         flag, eq, inline = token.partition("=")
         if flag.startswith("-O") and not flag.startswith("--") and flag != "-O":  # -O3: --optimization-level 3
             flag, eq, inline = "--optimization-level", "=", flag[2:].lstrip("=") or inline
-        normal, dotted, info = _snapshot_flag(flag)
+        normal, dotted, info = _snapshot_flag(flag, snap)
+        # Another spelling of a flag the operator owns sets the same value: -tp, --device-memory-utilization,
+        # --disable-prefix-caching (0.33) are the action's other option strings.
+        action = info.action if info is not None and info.action in OWNED_FLAGS else None
         refusal = None
         if loose and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
                 and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
@@ -675,11 +729,14 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
         elif normal in UNSAFE_FLAGS:
             refusal = (f"{flag} is fixed by the operator: {OWNED_FLAGS[normal]}. To set it anyway, annotate the "
                        f"VLLMServer {api.ALLOW_UNSAFE_ARGS_ANNOTATION}: \"true\" (docs/security.md)")
-        elif normal in OWNED_FLAGS or flag in OWNED_FLAGS or (dotted and dotted in OWNED_FLAGS):
-            owner = OWNED_FLAGS.get(dotted or normal) or OWNED_FLAGS.get(flag)
+        elif normal in OWNED_FLAGS or flag in OWNED_FLAGS or (dotted and dotted in OWNED_FLAGS) or action:
+            owner = OWNED_FLAGS.get(dotted or normal) or OWNED_FLAGS.get(flag) or OWNED_FLAGS[action or ""]
             refusal = f"{flag} is derived by the operator; set {owner} instead"
+            if action and action != normal:
+                refusal = f"{flag} is vLLM's other name for {action}, which is derived by the operator; set {owner} " \
+                          "instead"
         elif info is None:
-            refusal = f"vLLM {vllm_flags.VERSION} has no flag {flag}: the server would exit with code 2 and crash-loop"
+            refusal = f"vLLM {snap.version} has no flag {flag}: the server would exit with code 2 and crash-loop"
         if refusal:
             problems.append(Problem(where, refusal))
             # The refused flag's value(s) go with it; do not report them again as "not a flag".
@@ -739,7 +796,7 @@ def plan(
     --host/--port (the container port then follows --port). `urls`: the operator's URL settings (None: the
     offline CLI, which fetches nothing for anyone else)."""
     p = Plan(name=name, namespace=namespace, spec=spec, model=model,
-             prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url)
+             prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url, flags=flag_check(spec))
     p.problems.extend(check_spec(name, spec, default_prometheus_url=default_prometheus_url,
                                  allow_unsafe_args=allow_unsafe_args, urls=urls))
     if allow_unsafe_args:
@@ -748,7 +805,7 @@ def plan(
     p.gpu = gpu if gpu is not None else select_gpu(spec.gpu)
     p.problems.extend(Problem(where, message) for where, message in p.gpu.problems)
     p.notes.extend(p.gpu.notes)
-    p.problems.extend(hardware_problems(spec, p.gpu))
+    p.problems.extend(hardware_problems(spec, p.gpu, p.flags.snapshot))
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, p.gpu)
     if model is None:
         p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}")
@@ -958,17 +1015,55 @@ def plan(
         p.notes.append(f"vLLM downloads or reads the weights itself: the startup probe's {p.startup_seconds} s cover "
                        f"{gib(p.weight_bytes_total)} at {_a('load_bandwidth') / 1e6:.0f} MB/s and the engine's start")
     plan_shutdown(p)
-    version = image_vllm_version(spec.image)
-    if version is not None and version != vllm_flags.VERSION:
-        unchecked = unchecked_extra_args(list(spec.engine.extra_args))
-        p.notes.append(f"image {spec.image} runs vLLM {version}; the operator's flag snapshot is vLLM "
-                       f"{vllm_flags.VERSION}'s, so extraArgs are checked loosely"
-                       + (f" ({', '.join(unchecked)} passed unchecked)" if unchecked else "")
-                       + f" and the derived flags are {vllm_flags.VERSION}'s")
-    elif spec.image.split("@", 1)[0] != api.DEFAULT_IMAGE:  # the default release pinned by digest is the default
-        p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
+    release_notes(p)
     p.args = engine_args(p)
     return p
+
+
+def release_notes(p: Plan) -> None:
+    """What the image's vLLM release means for the args: the loose check's warning, and each flag the plan would
+    emit that the release's parser lacks. engine_args leaves such a flag out (vLLM would exit with code 2 on it);
+    when the spec asked for it (a pinned value) that is a problem naming the field, the flag and the release,
+    since serving without it would ignore the spec; when the planner derived it, vLLM's own default applies
+    and a warning says what is lost."""
+    check = p.flags
+    assert check is not None
+    snap = check.snapshot
+    if (warning := check.warning()) is not None:
+        p.notes.append(f"warning: {warning}")
+    elif check.release != vllm_flags.VERSION:
+        p.notes.append(f"image {p.spec.image} runs vLLM {check.release}: flags checked against and derived for "
+                       "its own parser's snapshot")
+    for flag, pinned, why in _planned_flags(p):
+        if flag in snap.flags:
+            continue
+        owner = OWNED_FLAGS.get(flag, "")
+        has = [r for r in vllm_flags.releases() if flag in vllm_flags.snapshot(r).flags]
+        others = f"vLLM {', '.join(has)}" if has else "no vLLM release the operator knows"
+        if pinned or not owner.startswith("spec."):
+            where = owner.split(" ", 1)[0] if owner.startswith("spec.") else "spec.image"
+            p.problem(where, f"vLLM {snap.version} (the image's release) has no {flag}, which "
+                      f"{'this field asks for' if where != 'spec.image' else 'the pod needs'}: "
+                      f"{'remove it or ' if where != 'spec.image' else ''}use an image of {others}")
+        else:
+            p.notes.append(f"warning: vLLM {snap.version} has no {flag}: not passed, vLLM's own default applies "
+                           f"instead of the derived value ({why}); {others} has it")
+
+
+def _planned_flags(p: Plan) -> list[tuple[str, bool, str]]:
+    """(flag, pinned by the spec, why) for every flag engine_args may emit but extraArgs."""
+    spec = p.spec
+    out = [("--host", False, ""), ("--port", False, ""), ("--served-model-name", spec.model.served_name is not None, "")]
+    if spec.model.revision:
+        out.append(("--revision", True, ""))
+    if spec.model.dtype != "auto":
+        out.append(("--dtype", True, ""))
+    if spec.model.quantization != "none":
+        out.append(("--quantization", True, ""))
+    out += [(d.flag, d.pinned, d.why) for d in p.decisions]
+    if spec.engine.chat_template:
+        out.append(("--chat-template", True, ""))
+    return out
 
 
 def min_queue_cap(max_num_seqs: int, target_waiting: float) -> int:
@@ -1055,20 +1150,29 @@ def unsafe_overrides(p: Plan) -> None:
 
 
 def engine_args(p: Plan) -> list[str]:
-    """The container args after `vllm serve`: model first, then flags in a stable order."""
+    """The container args after `vllm serve`: model first, then flags in a stable order; only flags the image's
+    vLLM release has (release_notes says what was left out), extraArgs as they are."""
     spec = p.spec
-    args = [spec.model.name, "--host", "0.0.0.0", "--port", str(DEFAULT_PORT)]
-    args += ["--served-model-name", spec.model.served_name or spec.model.name]
+    known = (p.flags.snapshot if p.flags is not None else vllm_flags.snapshot()).flags
+    args = [spec.model.name]
+
+    def emit(flag: str, *value: str) -> None:
+        if flag in known:
+            args.extend((flag, *value))
+
+    emit("--host", "0.0.0.0")
+    emit("--port", str(DEFAULT_PORT))
+    emit("--served-model-name", spec.model.served_name or spec.model.name)
     if spec.model.revision:
-        args += ["--revision", spec.model.revision]
+        emit("--revision", spec.model.revision)
     if spec.model.dtype != "auto":
-        args += ["--dtype", spec.model.dtype]
+        emit("--dtype", spec.model.dtype)
     if spec.model.quantization != "none":
-        args += ["--quantization", spec.model.quantization]
+        emit("--quantization", spec.model.quantization)
     for d in p.decisions:
-        args += [d.flag, d.value] if d.value else [d.flag]
+        emit(d.flag, *([d.value] if d.value else []))
     if spec.engine.chat_template:
         # vLLM reads a value that is no file's path and holds Jinja syntax as the template itself.
-        args += ["--chat-template", spec.engine.chat_template]
+        emit("--chat-template", spec.engine.chat_template)
     args += list(spec.engine.extra_args)
     return args
