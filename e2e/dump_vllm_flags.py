@@ -92,10 +92,31 @@ def source_tree(release: str) -> tuple[Path, str]:
     return tree, digest
 
 
+def release_env(release: str) -> dict[str, str]:
+    """The environment in which the venv's python imports `release`'s vLLM (another release: its unpacked wheel)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    if release != vllm_flags.VERSION:
+        tree, _ = source_tree(release)
+        env.update(PYTHONPATH=f"{tree}{os.pathsep}{tree / '_deps'}", VLLM_TARGET_DEVICE="cpu")
+    return env
+
+
+def check_args(release: str, argvs: list[list[str]]) -> list[dict]:
+    """Parse each argv (the args after `vllm serve`) with `release`'s own parser, as vllm_env.check_args does
+    with the venv's: parse, validate, AsyncEngineArgs.from_cli_args, the quantization name."""
+    out = subprocess.run([str(ensure_vllm()), str(ARGCHECK)], input=json.dumps(argvs), check=True,
+                         capture_output=True, text=True, env=release_env(release), timeout=600)
+    answer = json.loads(out.stdout)
+    if answer["vllm_version"] != release:
+        raise RuntimeError(f"asked for vLLM {release}'s parser, got {answer['vllm_version']}'s")
+    return answer["results"]
+
+
 def parser_description(release: str) -> dict:
     """`vllm_argcheck.py --flags` under the release's parser (cached per wheel and argcheck script)."""
     python = ensure_vllm()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env = release_env(release)
     script = hashlib.sha256(ARGCHECK.read_bytes()).hexdigest()[:16]
     if release == vllm_flags.VERSION:  # the venv itself, as the tests run it; its RECORD hashes every file
         record = next(python.parent.parent.glob("lib/python*/site-packages/vllm*.dist-info/RECORD"))
@@ -104,7 +125,6 @@ def parser_description(release: str) -> dict:
             return json.loads(cached.read_text())
     else:
         tree, digest = source_tree(release)
-        env.update(PYTHONPATH=f"{tree}{os.pathsep}{tree / '_deps'}", VLLM_TARGET_DEVICE="cpu")
         cached = tree / f".flags-{digest[:16]}-{script}.json"
         if cached.exists():
             return json.loads(cached.read_text())

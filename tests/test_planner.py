@@ -875,18 +875,18 @@ def test_the_snapshots_are_each_releases_own_parser():
         assert vllm_flags.snapshot(release).version == release
     has = {r: set(vllm_flags.snapshot(r).flags) for r in vllm_flags.releases()}
     assert "--max-num-queued-reqs" not in has["0.28.0"] and "--max-num-queued-reqs" in has["0.29.0"]
-    assert "--grpc-port" not in has["0.31.0"] and "--grpc-port" in has["0.32.0"]  # new in 0.32
+    assert "--enable-shm-tensor-arena" not in has["0.31.0"] and "--enable-shm-tensor-arena" in has["0.32.0"]
     assert "--disable-prefix-caching" in has["0.33.0"] and "--disable-prefix-caching" not in has["0.32.0"]
     # 0.33 still parses --no-enable-x though its --help no longer shows it
     assert "--no-enable-prefix-caching" in has["0.33.0"]
 
 
 def test_a_flag_of_one_release_is_accepted_with_its_image_and_refused_with_another():
-    new_in_032 = ["--grpc-port", "50051"]
+    new_in_032 = ["--enable-shm-tensor-arena"]
     assert plan_for(image="vllm/vllm-openai:v0.32.0", engine={"extraArgs": new_in_032}).fits
     old = plan_for(image="vllm/vllm-openai:v0.31.0", engine={"extraArgs": new_in_032})
     assert messages(old, "spec.engine.extraArgs[0]") == [
-        "vLLM 0.31.0 has no flag --grpc-port: the server would exit with code 2 and crash-loop"]
+        "vLLM 0.31.0 has no flag --enable-shm-tensor-arena: the server would exit with code 2 and crash-loop"]
     removed_in_031 = ["--enable-mamba-fine-grained-prefix-cache"]
     assert plan_for(image="vllm/vllm-openai:v0.30.0", engine={"extraArgs": removed_in_031}).fits
     assert not plan_for(image="vllm/vllm-openai:v0.31.0", engine={"extraArgs": removed_in_031}).fits

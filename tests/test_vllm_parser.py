@@ -263,3 +263,52 @@ def test_extra_args_verdicts_agree_with_vllm():
         if planner_ok != result["ok"]:
             disagreements.append((extra, planner_ok, result["error"]))
     assert not disagreements
+
+
+# Flags that one supported release has and another lacks (or a choice one added), to check each release's
+# verdicts with its own parser.
+RELEASE_CASES = [
+    ["--enable-shm-tensor-arena"],  # new in 0.32
+    ["--enable-mamba-fine-grained-prefix-cache"],  # removed in 0.31
+    ["--moe-backend", "aiter_mega_moe"],  # a choice new in 0.32
+    ["--device-memory-utilization", "0.9"],  # 0.31's other name for --gpu-memory-utilization (refused as derived)
+    ["--disable-prefix-caching"],  # 0.33's other name for --no-enable-prefix-caching (refused as derived)
+    ["--disable-log-requests"],  # new in 0.33
+]
+
+
+@needs_vllm
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("release", [r for r in _releases() if r != vllm_flags.VERSION])
+def test_each_release_parser_accepts_what_the_plan_emits_for_it_and_agrees_on_extra_args(release):
+    """With an image of another supported release, the args the planner emits (the examples' and variants'
+    derived flags) are what that release's own parser accepts, and check_extra_args against its snapshot says
+    what that parser says (a flag the operator derives aside: refused on purpose, whatever vLLM says)."""
+    from e2e.dump_vllm_flags import check_args
+
+    image = f"vllm/vllm-openai:v{release}"
+    plans = []
+    for plan in example_plans() + variant_plans():
+        spec = plan.spec.model_copy(update={"image": image})
+        again = pipeline.plan_server(plan.name, plan.namespace, spec)
+        if again.fits:
+            plans.append(again)
+        else:  # only a pinned flag the release lacks may stop it: 0.28 has no --max-num-queued-reqs
+            assert [p.field for p in again.problems] == ["spec.engine.maxNumQueuedReqs"], again.problems
+            assert release == "0.28.0"
+    snap = vllm_flags.snapshot(release)
+    cases = [c for c in EXTRA_ARGS_CASES + RELEASE_CASES
+             if not any(snap.flags.get(vllm_flags.normalise(a), vllm_flags.FlagInfo(False, False, None)).action
+                        in planner.OWNED_FLAGS for a in c)]
+    results = check_args(release, [p.args for p in plans] + [[*GOOD, *extra] for extra in cases])
+    rejected = [(p.args, r["error"]) for p, r in zip(plans, results) if not r["ok"]]
+    assert not rejected, rejected[:3]
+    for plan, result in zip(plans, results):
+        _assert_values_match(plan, result)
+    disagreements = []
+    for extra, result in zip(cases, results[len(plans):]):
+        planner_ok = not planner.check_extra_args(extra, snapshot=snap)
+        if planner_ok != result["ok"]:
+            disagreements.append((extra, planner_ok, result["error"]))
+    assert not disagreements
+    assert len(plans) >= len(example_plans()) + len(VARIANTS) - 1
