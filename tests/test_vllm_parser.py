@@ -312,3 +312,9 @@ def test_each_release_parser_accepts_what_the_plan_emits_for_it_and_agrees_on_ex
             disagreements.append((extra, planner_ok, result["error"]))
     assert not disagreements
     assert len(plans) >= len(example_plans()) + len(VARIANTS) - 1
+
+
+def test_the_default_release_is_the_venvs_and_the_default_images():
+    from e2e import vllm_env
+
+    assert vllm_env.VLLM_VERSION == vllm_flags.VERSION == planner.image_vllm_version(api.DEFAULT_IMAGE)

@@ -585,7 +585,10 @@ class VLLMServerSpec(_Model):
     model: ModelSpec
     """The model to serve."""
     image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=1024)
-    """vLLM container image; its entrypoint must be `vllm serve` (the official vllm/vllm-openai images)."""
+    """vLLM container image; its entrypoint must be `vllm serve` (the official vllm/vllm-openai images). The vLLM
+    release its tag names (v0.31.0, also before a digest) chooses the flags extraArgs are checked against and the
+    derived flags emitted; a release the operator has no flag snapshot of, or a tag naming none, is checked
+    loosely (condition ExtraArgsUnchecked)."""
     image_pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = Field(None, alias="imagePullPolicy")
     """Image pull policy."""
     workload: Literal["StatefulSet", "DaemonSet"] = "StatefulSet"
