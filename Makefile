@@ -16,7 +16,7 @@ generate:  ## regenerate crds/, the chart's crds/ and values.schema.json, manife
 golden:  ## regenerate the golden render output of examples/ (on purpose only)
 	UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_builders.py -q
 
-flags:  ## regenerate the vLLM flag snapshot from the real parser
+flags:  ## regenerate the vLLM flag snapshots (one per supported release) from the real parsers
 	.venv/bin/python -m tools.dump_vllm_flags
 
 lock:  ## the image's hash-locked runtime dependencies, from pyproject.toml (tests check they agree)

@@ -259,3 +259,22 @@ def test_version(capsys):
         cli.main(["--version"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and out.startswith(f"vllm-operator {__version__} ") and vllm_flags.VERSION in out
+
+
+def test_an_image_release_without_a_snapshot_is_a_warning_not_a_refusal(capsys, tmp_path):
+    """plan shows the loose check's warning (table and JSON), render prints it on stderr and still renders."""
+    doc = yaml.safe_load(EXAMPLES[0].read_text())
+    doc["spec"]["image"] = "vllm/vllm-openai:v0.35.1"
+    doc["spec"].setdefault("engine", {})["extraArgs"] = ["--a-flag-of-0-35", "1"]
+    f = tmp_path / "newer.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    name = doc["metadata"]["name"]
+    rc, out, err = run(capsys, "plan", str(f))
+    assert rc == 0 and "note: warning: image vllm/vllm-openai:v0.35.1 runs vLLM 0.35.1" in out and not err
+    rc, out, _ = run(capsys, "plan", "-o", "json", str(f))
+    [check] = [p["flagCheck"] for p in json.loads(out)]
+    assert rc == 0 and check["imageRelease"] == "0.35.1" and not check["exact"]
+    assert check["unchecked"] == ["--a-flag-of-0-35"] and "passed unchecked: --a-flag-of-0-35" in check["warning"]
+    rc, out, err = run(capsys, "render", str(f))
+    assert rc == 0 and any(o["kind"] == "StatefulSet" for o in yaml.safe_load_all(out) if o)
+    assert err.startswith(f"{f}: {name}: warning: image vllm/vllm-openai:v0.35.1 runs vLLM 0.35.1")

@@ -24,7 +24,7 @@ from packaging.requirements import Requirement  # pytest's own dependency
 from packaging.utils import canonicalize_name
 
 from tests.harness.controlplane import KUBE_VERSION
-from vllm_operator import cli, hub, packaging
+from vllm_operator import cli, hub, packaging, vllm_flags
 from vllm_operator.api import MIN_KUBERNETES_VERSION as MIN_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -382,7 +382,8 @@ def test_wheel_requires_exactly_the_declared_runtime_dependencies(wheel):
     entry_points = wheel.read(next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))).decode()
     assert "vllm-operator = vllm_operator.cli:main" in entry_points
     names = wheel.namelist()
-    for data in ("vllm_operator/argocd_health.lua", "vllm_operator/vllm_flags.json"):
+    releases = [f"vllm_operator/vllm_releases/{r}.json" for r in vllm_flags.releases()]
+    for data in ("vllm_operator/argocd_health.lua", *releases):
         assert data in names, data
     assert any(n.startswith("vllm_operator/catalog/") and n.endswith(".yaml") for n in names)
     assert not any(n.startswith(("tests/", "tools/", "bench/")) for n in names)

@@ -794,13 +794,17 @@ def test_extended_resources_need_a_limit_equal_to_the_request():
 def test_the_vllm_image_may_be_pinned_by_digest():
     digest = "@sha256:" + "ab" * 32
     pinned = plan_for(image=api.DEFAULT_IMAGE + digest)
-    assert not pinned.problems and not [n for n in pinned.notes if "is not the default" in n]
+    assert not pinned.problems and not [n for n in pinned.notes if "vLLM" in n and "image" in n]
+    assert pinned.flags.exact and pinned.flags.snapshot.version == vllm_flags.VERSION
     from vllm_operator import builders
     [sts] = [o for o in builders.build_all(pinned, {"metadata": {"name": "test", "uid": "u"}})
              if o["kind"] == "StatefulSet"]
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == api.DEFAULT_IMAGE + digest
+    # a digest alone names no release: checked loosely against the default release's flags, with a warning
     other = plan_for(image="registry.corp/vllm@sha256:" + "cd" * 32)
-    assert [n for n in other.notes if n.startswith("image registry.corp/vllm@sha256:") and "vLLM 0." in n]
+    assert not other.flags.exact and other.flags.snapshot.version == vllm_flags.VERSION
+    assert [n for n in other.notes if n.startswith("warning: image registry.corp/vllm@sha256:")
+            and "names no vLLM release" in n and "Name the release in the tag" in n]
 
 
 @pytest.mark.parametrize("model, gpu, field, words", [
@@ -852,14 +856,97 @@ def test_the_vllm_release_an_image_names(image, version):
     assert validation.image_vllm_version(image) == version
 
 
+@pytest.mark.parametrize("image, snapshot, exact", [
+    (api.DEFAULT_IMAGE, vllm_flags.VERSION, True),
+    ("vllm/vllm-openai:v0.31.0", "0.31.0", True), ("vllm/vllm-openai:v0.28.0-cu130", "0.28.0", True),
+    ("registry.corp/vllm-openai:v0.33.0@sha256:" + "ab" * 32, "0.33.0", True),
+    # no snapshot of its own: the latest one not newer, else the oldest; loose
+    ("vllm/vllm-openai:v0.32.1", "0.32.0", False), ("vllm/vllm-openai:v0.33.0rc1", "0.32.0", False),
+    ("vllm/vllm-openai:v0.35.1", "0.33.0", False), ("vllm/vllm-openai:v0.27.1", "0.28.0", False),
+    ("vllm/vllm-openai:latest", vllm_flags.VERSION, False),
+])
+def test_the_image_release_chooses_the_flag_snapshot(image, snapshot, exact):
+    check = validation.flag_check(api.VLLMServerSpec.model_validate({"model": {"name": "m"}, "image": image}))
+    assert (check.snapshot.version, check.exact) == (snapshot, exact)
+    assert (check.warning() is None) == exact
+
+
+def test_the_snapshots_are_each_releases_own_parser():
+    """Each committed snapshot says the release it was made from, and they differ where the releases do."""
+    assert vllm_flags.VERSION in vllm_flags.releases() and len(vllm_flags.releases()) >= 4
+    for release in vllm_flags.releases():
+        assert vllm_flags.snapshot(release).version == release
+    has = {r: set(vllm_flags.snapshot(r).flags) for r in vllm_flags.releases()}
+    assert "--max-num-queued-reqs" not in has["0.28.0"] and "--max-num-queued-reqs" in has["0.29.0"]
+    assert "--enable-shm-tensor-arena" not in has["0.31.0"] and "--enable-shm-tensor-arena" in has["0.32.0"]
+    assert "--disable-prefix-caching" in has["0.33.0"] and "--disable-prefix-caching" not in has["0.32.0"]
+    # 0.33 still parses --no-enable-x though its --help no longer shows it
+    assert "--no-enable-prefix-caching" in has["0.33.0"]
+
+
+def test_a_flag_of_one_release_is_accepted_with_its_image_and_refused_with_another():
+    new_in_032 = ["--enable-shm-tensor-arena"]
+    assert plan_for(image="vllm/vllm-openai:v0.32.0", engine={"extraArgs": new_in_032}).fits
+    old = plan_for(image="vllm/vllm-openai:v0.31.0", engine={"extraArgs": new_in_032})
+    assert messages(old, "spec.engine.extraArgs[0]") == [
+        "vLLM 0.31.0 has no flag --enable-shm-tensor-arena: the server would exit with code 2 and crash-loop"]
+    removed_in_031 = ["--enable-mamba-fine-grained-prefix-cache"]
+    assert plan_for(image="vllm/vllm-openai:v0.30.0", engine={"extraArgs": removed_in_031}).fits
+    assert not plan_for(image="vllm/vllm-openai:v0.31.0", engine={"extraArgs": removed_in_031}).fits
+    # a choice one release added: --kv-cache-dtype is derived, so a JSON-free choice flag: --moe-backend
+    assert plan_for(image="vllm/vllm-openai:v0.32.0", engine={"extraArgs": ["--moe-backend", "aiter_mega_moe"]}).fits
+    assert not plan_for(image="vllm/vllm-openai:v0.31.0",
+                        engine={"extraArgs": ["--moe-backend", "aiter_mega_moe"]}).fits
+
+
+def test_another_spelling_of_a_derived_flag_is_refused():
+    """vLLM's other option strings for a derived flag's action set the same value (the snapshot records them)."""
+    for image, extra, owner in [
+        (api.DEFAULT_IMAGE, ["--device-memory-utilization", "0.99"], "spec.engine.gpuMemoryUtilization"),
+        ("vllm/vllm-openai:v0.33.0", ["--disable-prefix-caching"], "spec.engine.enablePrefixCaching"),
+        ("vllm/vllm-openai:v0.35.0", ["--device-memory-utilization=0.99"], "spec.engine.gpuMemoryUtilization"),
+    ]:
+        [msg] = messages(plan_for(image=image, engine={"extraArgs": extra}), "spec.engine.extraArgs[0]")
+        assert "other name for" in msg and owner in msg, (image, msg)
+
+
+def test_a_derived_flag_the_release_lacks_is_not_emitted():
+    """vLLM 0.28 has no --max-num-queued-reqs: pinned by the spec, it is a problem naming the field and the
+    release; the other releases get it."""
+    spec = dict(engine={"maxNumQueuedReqs": 600})
+    old = plan_for(image="vllm/vllm-openai:v0.28.0", **spec)
+    assert "--max-num-queued-reqs" not in old.args
+    [msg] = messages(old, "spec.engine.maxNumQueuedReqs")
+    assert msg.startswith("vLLM 0.28.0 (the image's release) has no --max-num-queued-reqs") and "0.29.0" in msg
+    new = plan_for(image="vllm/vllm-openai:v0.29.0", **spec)
+    assert new.fits and new.args[new.args.index("--max-num-queued-reqs") + 1] == "600"
+    # every flag the plan emits is one the chosen release has
+    for release in vllm_flags.releases():
+        p = plan_for(image=f"vllm/vllm-openai:v{release}")
+        assert p.fits, (release, p.problems)
+        known = vllm_flags.snapshot(release).flags
+        assert [a for a in p.args[1:] if a.startswith("--") and a not in known] == [], release
+
+
+def test_a_derived_flag_missing_without_a_pin_is_left_to_vllm_with_a_warning():
+    """The planner's own choice that a release cannot take is dropped, with a warning naming flag and release."""
+    p = plan_for(image="vllm/vllm-openai:v0.28.0")
+    p.decisions.append(planner.FlagDecision("--max-num-queued-reqs", "600", "derived for the test"))
+    p.notes.clear()
+    planner.release_notes(p)
+    assert p.fits and "--max-num-queued-reqs" not in planner.engine_args(p)
+    assert [n for n in p.notes if n.startswith("warning: vLLM 0.28.0 has no --max-num-queued-reqs: not passed")]
+
+
 def test_another_vllm_release_gets_its_new_flags_checked_loosely():
     new = ["--some-flag-of-0.35", "3", "--seed", "1"]
     strict = plan_for(engine={"extraArgs": new})
     assert [q.field for q in strict.problems] == ["spec.engine.extraArgs[0]"]
     loose = plan_for(image="vllm/vllm-openai:v0.35.1", engine={"extraArgs": new[:2]})
     assert loose.fits, loose.problems
-    [note] = [n for n in loose.notes if n.startswith("image vllm/vllm-openai:v0.35.1 runs vLLM 0.35.1")]
-    assert "--some-flag-of-0.35 passed unchecked" in note
+    [note] = [n for n in loose.notes if n.startswith("warning: image vllm/vllm-openai:v0.35.1 runs vLLM 0.35.1")]
+    assert note.endswith("passed unchecked: --some-flag-of-0.35") and "against vLLM 0.33.0's flags" in note
+    assert loose.flags.unchecked == ("--some-flag-of-0.35",)
     assert loose.args[-2:] == ["--some-flag-of-0.35", "3"]
     # what the operator owns, and credentials, stay refused whatever the release
     for extra in (["--max-model-len", "4096"], ["--api-key", "secret-value-here"], ["--port", "9000"]):

@@ -243,3 +243,23 @@ def test_reconciling_is_true_only_while_a_rollout_replaces_serving_pods():
     world.workload_reports(ready=2)
     status = world.reconcile()["status"]
     assert condition(status, "Reconciling") is None and condition(status, "Stalled") is None
+
+
+def test_an_image_release_without_a_flag_snapshot_is_a_warning_condition_not_a_refusal():
+    """ExtraArgsUnchecked=True beside SpecValid=True while the image's vLLM release has no snapshot (the
+    workload is applied all the same), one Warning event when it appears, gone with a release that has one."""
+    world = World({"image": "vllm/vllm-openai:v0.35.1", "engine": {"extraArgs": ["--a-flag-of-0-35", "1"]}})
+    status = world.reconcile()["status"]
+    assert condition(status, "SpecValid")["status"] == "True"
+    loose = condition(status, "ExtraArgsUnchecked")
+    assert (loose["status"], loose["reason"]) == ("True", "NoFlagSnapshot")
+    assert loose["message"].startswith("image vllm/vllm-openai:v0.35.1 runs vLLM 0.35.1")
+    assert loose["message"].endswith("passed unchecked: --a-flag-of-0-35")
+    sts = world.kube.objects[("StatefulSet", NS, "srv")]
+    assert sts["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--a-flag-of-0-35", "1"]
+    assert world.warning_events() == [("NoFlagSnapshot", loose["message"])]
+    world.reconcile()
+    assert len(world.warning_events()) == 1, "one Event per new message"
+    world.change_spec(image="vllm/vllm-openai:v0.33.0", engine={"extraArgs": ["--seed", "1"]})
+    status = world.reconcile()["status"]
+    assert condition(status, "ExtraArgsUnchecked") is None and condition(status, "SpecValid")["status"] == "True"

@@ -22,7 +22,7 @@ import pytest
 from vllm_operator import api, catalog, pipeline, validation, vllm_flags
 from vllm_operator.planner import Plan
 
-#: Every test here runs vLLM's parser but the snapshot check, which needs only vllm_flags.json.
+#: Every test here runs vLLM's parser but the snapshot checks, which need only vllm_releases/*.json.
 needs_vllm = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,18 +154,34 @@ def test_every_emitted_arg_list_is_accepted_by_vllm(capsys):
     assert len(sampled) >= MIN_CHECKED
 
 
+def _releases() -> list[str]:
+    from tools.dump_vllm_flags import all_releases
+
+    return all_releases()
+
+
 @needs_vllm
 @pytest.mark.timeout(1800)
-def test_flag_snapshot_matches_vllm():
-    """The committed vllm_flags.json is what vLLM's parser says today (regenerate: python -m tools.dump_vllm_flags)."""
-    from tools.dump_vllm_flags import TARGET, generate
+@pytest.mark.parametrize("release", _releases())
+def test_flag_snapshot_matches_vllm(release):
+    """Each committed vllm_releases/<release>.json is what that release's parser says (regenerate: python -m
+    tools.dump_vllm_flags). Cold, a release's wheel is fetched and read in about half a minute; after that its
+    parser's output is cached by wheel hash, and the check takes milliseconds."""
+    from tools.dump_vllm_flags import TARGET_DIR, generate
 
-    fresh = generate()
-    assert TARGET.read_text() == fresh, "vllm_flags.json drifted from vLLM's parser; run python -m tools.dump_vllm_flags"
+    fresh = generate(release)
+    target = TARGET_DIR / f"{release}.json"
+    assert target.exists() and target.read_text() == fresh, \
+        f"vllm_releases/{release}.json drifted from vLLM {release}'s parser; run python -m tools.dump_vllm_flags"
+
+
+def test_every_snapshot_is_a_supported_release():
+    """No snapshot is left behind for a release the generator no longer makes, and none is missing."""
+    assert list(vllm_flags.releases()) == _releases()
 
 
 def snapshot_problems(args: list[str]) -> list[str]:
-    """What vLLM's parser, as vllm_flags.json records it, would refuse in `vllm serve` args (after the model)."""
+    """What vLLM's parser, as the default release's snapshot records it, would refuse in `vllm serve` args (after the model)."""
     known, problems, i = vllm_flags.flags(), [], 1
     while i < len(args):
         flag, eq, inline = args[i].partition("=")
@@ -247,3 +263,58 @@ def test_extra_args_verdicts_agree_with_vllm():
         if planner_ok != result["ok"]:
             disagreements.append((extra, planner_ok, result["error"]))
     assert not disagreements
+
+
+# Flags that one supported release has and another lacks (or a choice one added), to check each release's
+# verdicts with its own parser.
+RELEASE_CASES = [
+    ["--enable-shm-tensor-arena"],  # new in 0.32
+    ["--enable-mamba-fine-grained-prefix-cache"],  # removed in 0.31
+    ["--moe-backend", "aiter_mega_moe"],  # a choice new in 0.32
+    ["--device-memory-utilization", "0.9"],  # 0.31's other name for --gpu-memory-utilization (refused as derived)
+    ["--disable-prefix-caching"],  # 0.33's other name for --no-enable-prefix-caching (refused as derived)
+    ["--disable-log-requests"],  # new in 0.33
+]
+
+
+@needs_vllm
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("release", [r for r in _releases() if r != vllm_flags.VERSION])
+def test_each_release_parser_accepts_what_the_plan_emits_for_it_and_agrees_on_extra_args(release):
+    """With an image of another supported release, the args the planner emits (the examples' and variants'
+    derived flags) are what that release's own parser accepts, and check_extra_args against its snapshot says
+    what that parser says (a flag the operator derives aside: refused on purpose, whatever vLLM says)."""
+    from tools.dump_vllm_flags import check_args
+
+    image = f"vllm/vllm-openai:v{release}"
+    plans = []
+    for plan in example_plans() + variant_plans():
+        spec = plan.spec.model_copy(update={"image": image})
+        again = pipeline.plan_server(plan.name, plan.namespace, spec)
+        if again.fits:
+            plans.append(again)
+        else:  # only a pinned flag the release lacks may stop it: 0.28 has no --max-num-queued-reqs
+            assert [p.field for p in again.problems] == ["spec.engine.maxNumQueuedReqs"], again.problems
+            assert release == "0.28.0"
+    snap = vllm_flags.snapshot(release)
+    cases = [c for c in EXTRA_ARGS_CASES + RELEASE_CASES
+             if not any(snap.flags.get(vllm_flags.normalise(a), vllm_flags.FlagInfo(False, False, None)).action
+                        in validation.OWNED_FLAGS for a in c)]
+    results = check_args(release, [p.args for p in plans] + [[*GOOD, *extra] for extra in cases])
+    rejected = [(p.args, r["error"]) for p, r in zip(plans, results) if not r["ok"]]
+    assert not rejected, rejected[:3]
+    for plan, result in zip(plans, results):
+        _assert_values_match(plan, result)
+    disagreements = []
+    for extra, result in zip(cases, results[len(plans):]):
+        planner_ok = not validation.check_extra_args(extra, snapshot=snap)
+        if planner_ok != result["ok"]:
+            disagreements.append((extra, planner_ok, result["error"]))
+    assert not disagreements
+    assert len(plans) >= len(example_plans()) + len(VARIANTS) - 1
+
+
+def test_the_default_release_is_the_venvs_and_the_default_images():
+    from tests.harness import vllm_env
+
+    assert vllm_env.VLLM_VERSION == vllm_flags.VERSION == validation.image_vllm_version(api.DEFAULT_IMAGE)

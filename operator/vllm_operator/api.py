@@ -68,7 +68,7 @@ MAX_NAME_LENGTH = 52
 #: The non-root user the vLLM container runs as unless spec.runAsUser says otherwise.
 DEFAULT_RUN_AS_USER = 1000
 
-#: The vLLM release the default image pins: the one whose parser made vllm_flags.json (its "version").
+#: The vLLM release the default image pins (vllm_flags.VERSION: its snapshot, vllm_releases/<release>.json, is the default).
 VLLM_VERSION = vllm_flags.VERSION
 DEFAULT_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 #: The port vLLM serves on in every pod (the Services, probes and scrapes use it).
@@ -607,7 +607,10 @@ class VLLMServerSpec(_Model):
     model: ModelSpec
     """The model to serve."""
     image: str = Field(DEFAULT_IMAGE, min_length=1, max_length=1024)
-    """vLLM container image; its entrypoint must be `vllm serve` (the official vllm/vllm-openai images)."""
+    """vLLM container image; its entrypoint must be `vllm serve` (the official vllm/vllm-openai images). The vLLM
+    release its tag names (v0.31.0, also before a digest) chooses the flags extraArgs are checked against and the
+    derived flags emitted; a release the operator has no flag snapshot of, or a tag naming none, is checked
+    loosely (condition ExtraArgsUnchecked)."""
     image_pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = Field(None, alias="imagePullPolicy")
     """Image pull policy."""
     workload: Literal["StatefulSet", "DaemonSet"] = "StatefulSet"
@@ -669,8 +672,8 @@ class Condition(_Model):
 
     model_config = ConfigDict(extra="ignore")
     type: str
-    """Condition type: SpecValid, Ready, Progressing, Degraded, ExternalScaler (the reconciler's);
-    AutoscalingActive, AutoscalingLimited (the autoscaler's)."""
+    """Condition type: SpecValid, Ready, Progressing, Degraded, ExternalScaler, PlanOutdated, ExtraArgsUnchecked
+    (the reconciler's); AutoscalingActive, AutoscalingLimited (the autoscaler's)."""
     status: Literal["True", "False", "Unknown"]
     """True, False or Unknown."""
     reason: str = ""

@@ -102,7 +102,17 @@ def plan_json(plan: Plan) -> dict:
         "estimates": plan.estimates(),
         "decisions": [{"flag": d.flag, "value": d.value, "why": d.why, "pinned": d.pinned} for d in plan.decisions],
         "notes": plan.notes,
+        "flagCheck": plan_flag_check(plan),
     }
+
+
+def plan_flag_check(plan: Plan) -> Optional[dict]:
+    """Which vLLM release's flags checked the args, and the warning when the check was loose."""
+    check = plan.flags
+    if check is None:
+        return None
+    return {"imageRelease": check.release, "snapshot": check.snapshot.version, "exact": check.exact,
+            "unchecked": list(check.unchecked), "warning": check.warning()}
 
 
 def input_files(paths: list[str]) -> list[str]:
@@ -186,6 +196,8 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plans, ok = _plans(args, err)
     objects = []
     for path, p in plans:
+        if p.flags is not None and (warning := p.flags.warning()):  # rendered all the same: a warning, no refusal
+            err.write(f"{path}: {p.name}: warning: {warning}\n")
         built = builders.build_all(p) if p.fits else []
         too_large = builders.oversized(built)
         if p.fits and not too_large:
@@ -232,8 +244,8 @@ def cmd_catalog(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def version_text() -> str:
     from . import __version__, vllm_flags
-    return (f"vllm-operator {__version__} (API {api.API_VERSION}, vLLM flags checked against vLLM "
-            f"{vllm_flags.VERSION}, Kubernetes >= {'.'.join(map(str, api.MIN_KUBERNETES_VERSION))})")
+    return (f"vllm-operator {__version__} (API {api.API_VERSION}, default vLLM {vllm_flags.VERSION}, flags checked "
+            f"against vLLM {', '.join(vllm_flags.releases())}, Kubernetes >= {'.'.join(map(str, api.MIN_KUBERNETES_VERSION))})")
 
 
 def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

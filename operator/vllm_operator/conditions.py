@@ -20,3 +20,20 @@ def set_condition(conditions: list[dict], type_: str, status: str, reason: str, 
 
 def condition(status: dict[str, Any], type_: str) -> Optional[dict[str, Any]]:
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
+
+
+#: Present (True) while the image's vLLM release has no flag snapshot, so extraArgs were checked loosely.
+EXTRA_ARGS_UNCHECKED = "ExtraArgsUnchecked"
+
+
+def extra_args_unchecked(conditions: list[dict], warning: Optional[str], generation: Optional[int],
+                         now: str) -> tuple[list[dict], Optional[tuple[str, str, str]]]:
+    """ExtraArgsUnchecked=True (reason NoFlagSnapshot, the plan's warning as message) while the loose check
+    applies, absent otherwise: a warning beside SpecValid=True, never a refusal. Also the Warning event to send
+    when it appears or its message changes (None otherwise)."""
+    if warning is None:
+        return [c for c in conditions if c.get("type") != EXTRA_ARGS_UNCHECKED], None
+    old = condition({"conditions": conditions}, EXTRA_ARGS_UNCHECKED)
+    event = None if old is not None and old.get("message") == warning[:32768] else (
+        "Warning", "NoFlagSnapshot", warning)
+    return set_condition(conditions, EXTRA_ARGS_UNCHECKED, "True", "NoFlagSnapshot", warning, generation, now), event

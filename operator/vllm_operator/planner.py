@@ -25,8 +25,8 @@ from .autoscaler.policy import TOLERANCE
 from .catalog import Architecture, ResolvedModel
 from .gpus import GPUSelection, select_gpu
 from .urlpolicy import URLPolicy
-from .validation import (PREQUANTIZED, UNSAFE_FLAGS, Problem, check_spec, hardware_problems, image_vllm_version,
-    quantization_problems, unchecked_extra_args)
+from .validation import (OWNED_FLAGS, PREQUANTIZED, UNSAFE_FLAGS, check_spec, flag_check, FlagCheck,
+                         hardware_problems, image_vllm_version, Problem, quantization_problems)
 
 GiB = 2**30
 MiB = 2**20
@@ -236,6 +236,8 @@ class Plan:
     """The port vLLM listens on in the pod: 8000 unless extraArgs sets --port under the escape hatch."""
     notes: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    flags: Optional[FlagCheck] = None
+    """The vLLM release whose flags the args were checked against and emitted for."""
 
     @property
     def fits(self) -> bool:
@@ -508,7 +510,7 @@ def plan(
     The named steps below run in order (numbered in their docstrings); each records its flags (`decisions`),
     notes and problems on the plan, and sizing stops at the first step that finds the server cannot run."""
     p = Plan(name=name, namespace=namespace, spec=spec, model=model,
-             prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url)
+             prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url, flags=flag_check(spec))
     check(p, gpu, model_error=model_error, model_error_field=model_error_field,
           default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args, urls=urls)
     if model is None or p.gpu_memory is None:
@@ -526,7 +528,7 @@ def plan(
     plan_engine_flags(p, s)
     plan_pod(p)
     plan_shutdown(p)
-    note_image(p)
+    release_notes(p)
     p.args = engine_args(p)
     return p
 
@@ -569,7 +571,7 @@ def check(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[str], m
     p.gpu = gpu if gpu is not None else select_gpu(spec.gpu)
     p.problems.extend(Problem(where, message) for where, message in p.gpu.problems)
     p.notes.extend(p.gpu.notes)
-    p.problems.extend(hardware_problems(spec, p.gpu))
+    p.problems.extend(hardware_problems(spec, p.gpu, p.flags.snapshot if p.flags else None))
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, p.gpu)
     if p.model is None:
         p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}")
@@ -838,18 +840,50 @@ def plan_pod(p: Plan) -> None:
                        f"{gib(p.weight_bytes_total)} at {_a('load_bandwidth') / 1e6:.0f} MB/s and the engine's start")
 
 
-def note_image(p: Plan) -> None:
-    """11. Which vLLM release the flags were checked against: the image's, or the snapshot's when they differ."""
+def release_notes(p: Plan) -> None:
+    """11. What the image's vLLM release means for the args: the loose check's warning, and each flag the plan would
+    emit that the release's parser lacks. engine_args leaves such a flag out (vLLM would exit with code 2 on it);
+    when the spec asked for it (a pinned value) that is a problem naming the field, the flag and the release,
+    since serving without it would ignore the spec; when the planner derived it, vLLM's own default applies
+    and a warning says what is lost."""
+    check = p.flags
+    assert check is not None
+    snap = check.snapshot
+    if (warning := check.warning()) is not None:
+        p.notes.append(f"warning: {warning}")
+    elif check.release != vllm_flags.VERSION:
+        p.notes.append(f"image {p.spec.image} runs vLLM {check.release}: flags checked against and derived for "
+                       "its own parser's snapshot")
+    for flag, pinned, why in _planned_flags(p):
+        if flag in snap.flags:
+            continue
+        owner = OWNED_FLAGS.get(flag, "")
+        has = [r for r in vllm_flags.releases() if flag in vllm_flags.snapshot(r).flags]
+        others = f"vLLM {', '.join(has)}" if has else "no vLLM release the operator knows"
+        if pinned or not owner.startswith("spec."):
+            where = owner.split(" ", 1)[0] if owner.startswith("spec.") else "spec.image"
+            p.problem(where, f"vLLM {snap.version} (the image's release) has no {flag}, which "
+                      f"{'this field asks for' if where != 'spec.image' else 'the pod needs'}: "
+                      f"{'remove it or ' if where != 'spec.image' else ''}use an image of {others}")
+        else:
+            p.notes.append(f"warning: vLLM {snap.version} has no {flag}: not passed, vLLM's own default applies "
+                           f"instead of the derived value ({why}); {others} has it")
+
+
+def _planned_flags(p: Plan) -> list[tuple[str, bool, str]]:
+    """(flag, pinned by the spec, why) for every flag engine_args may emit but extraArgs."""
     spec = p.spec
-    version = image_vllm_version(spec.image)
-    if version is not None and version != vllm_flags.VERSION:
-        unchecked = unchecked_extra_args(list(spec.engine.extra_args))
-        p.notes.append(f"image {spec.image} runs vLLM {version}; the operator's flag snapshot is vLLM "
-                       f"{vllm_flags.VERSION}'s, so extraArgs are checked loosely"
-                       + (f" ({', '.join(unchecked)} passed unchecked)" if unchecked else "")
-                       + f" and the derived flags are {vllm_flags.VERSION}'s")
-    elif spec.image.split("@", 1)[0] != api.DEFAULT_IMAGE:  # the default release pinned by digest is the default
-        p.notes.append(f"image {spec.image} is not the default; flags were checked against vLLM {vllm_flags.VERSION}")
+    out = [("--host", False, ""), ("--port", False, ""), ("--served-model-name", spec.model.served_name is not None, "")]
+    if spec.model.revision:
+        out.append(("--revision", True, ""))
+    if spec.model.dtype != "auto":
+        out.append(("--dtype", True, ""))
+    if spec.model.quantization != "none":
+        out.append(("--quantization", True, ""))
+    out += [(d.flag, d.pinned, d.why) for d in p.decisions]
+    if spec.engine.chat_template:
+        out.append(("--chat-template", True, ""))
+    return out
 
 
 def min_queue_cap(max_num_seqs: int, target_waiting: float) -> int:
@@ -936,20 +970,29 @@ def unsafe_overrides(p: Plan) -> None:
 
 
 def engine_args(p: Plan) -> list[str]:
-    """The container args after `vllm serve`: model first, then flags in a stable order."""
+    """The container args after `vllm serve`: model first, then flags in a stable order; only flags the image's
+    vLLM release has (release_notes says what was left out), extraArgs as they are."""
     spec = p.spec
-    args = [spec.model.name, "--host", "0.0.0.0", "--port", str(DEFAULT_PORT)]
-    args += ["--served-model-name", spec.model.served_name or spec.model.name]
+    known = (p.flags.snapshot if p.flags is not None else vllm_flags.snapshot()).flags
+    args = [spec.model.name]
+
+    def emit(flag: str, *value: str) -> None:
+        if flag in known:
+            args.extend((flag, *value))
+
+    emit("--host", "0.0.0.0")
+    emit("--port", str(DEFAULT_PORT))
+    emit("--served-model-name", spec.model.served_name or spec.model.name)
     if spec.model.revision:
-        args += ["--revision", spec.model.revision]
+        emit("--revision", spec.model.revision)
     if spec.model.dtype != "auto":
-        args += ["--dtype", spec.model.dtype]
+        emit("--dtype", spec.model.dtype)
     if spec.model.quantization != "none":
-        args += ["--quantization", spec.model.quantization]
+        emit("--quantization", spec.model.quantization)
     for d in p.decisions:
-        args += [d.flag, d.value] if d.value else [d.flag]
+        emit(d.flag, *([d.value] if d.value else []))
     if spec.engine.chat_template:
         # vLLM reads a value that is no file's path and holds Jinja syntax as the template itself.
-        args += ["--chat-template", spec.engine.chat_template]
+        emit("--chat-template", spec.engine.chat_template)
     args += list(spec.engine.extra_args)
     return args

@@ -179,36 +179,80 @@ def _capability(gpu: Any) -> int:
     return int(major) * 10 + int(minor or 0)
 
 
-def hardware_problems(spec: VLLMServerSpec, gpu: GPUSelection) -> list[Problem]:
-    """What the GPU's compute capability rules out, as vLLM gates it (vllm_flags.json, read from the release's
-    own code: each quantization method's get_min_capability, CudaPlatform.check_if_supports_dtype). Checked
-    against the oldest product the pods may land on; an unknown product (gpu.memory given) is not checked."""
+def hardware_problems(spec: VLLMServerSpec, gpu: GPUSelection,
+                      snap: Optional[vllm_flags.Snapshot] = None) -> list[Problem]:
+    """What the GPU's compute capability rules out, as the image's vLLM release gates it (its snapshot in
+    vllm_releases/, read from that release's own code: each quantization method's get_min_capability,
+    CudaPlatform.check_if_supports_dtype). Checked against the oldest product the pods may land on; an unknown
+    product (gpu.memory given) is not checked."""
     if not gpu.products:
         return []
+    snap = snap or flag_check(spec).snapshot
     oldest = min(gpu.products, key=_capability)
     have, name = _capability(oldest), oldest.product
     out = []
-    bf16 = vllm_flags.bfloat16_min_capability()
+    bf16 = snap.bfloat16_capability
     if spec.model.dtype == "bfloat16" and have < bf16:
         out.append(Problem("spec.model.dtype", f"bfloat16 needs compute capability {bf16 / 10:.1f} in vLLM "
-                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: use float16, or auto (vLLM then "
+                           f"{snap.version}; {name} has {have / 10:.1f}: use float16, or auto (vLLM then "
                            "runs a bfloat16 checkpoint as float16)"))
     method = spec.model.quantization
-    need = vllm_flags.quantization_min_capability(method) if method != "none" else None
+    need = snap.quantization_min_capability(method) if method != "none" else None
     if need is not None and have < need:
         usable = sorted(m for m in QUANTIZATION_CHOICES if m != "none" and m not in UNSUPPORTED_QUANTIZATION
-                        and (vllm_flags.quantization_min_capability(m) or 1000) <= have)
+                        and (snap.quantization_min_capability(m) or 1000) <= have)
         out.append(Problem("spec.model.quantization", f"{method} needs compute capability {need / 10:.1f} in vLLM "
-                           f"{vllm_flags.VERSION}; {name} has {have / 10:.1f}: "
+                           f"{snap.version}; {name} has {have / 10:.1f}: "
                            + (f"a checkpoint quantized with {', '.join(usable)} runs there" if usable
                               else "no quantization method of vLLM runs there")))
     return out
+
+
+@dataclass(frozen=True)
+class FlagCheck:
+    """Which vLLM release's flags check a server: the snapshot of the release its image's tag names (exact), or,
+    for a release without one or an image whose tag names none, the nearest snapshot, loosely (vllm_flags)."""
+
+    image: str
+    release: Optional[str]
+    """The release the image's tag names (None: it names none)."""
+    snapshot: vllm_flags.Snapshot
+    exact: bool
+    unchecked: tuple[str, ...] = ()
+    """extraArgs flags the snapshot does not know, passed to vLLM unchecked (loose only)."""
+
+    def warning(self) -> Optional[str]:
+        """Why the check was loose, for the plan's notes, the ExtraArgsUnchecked condition and the CLI."""
+        if self.exact:
+            return None
+        have = vllm_flags.releases()
+        known = f"vLLM {have[0]} to {have[-1]}" if len(have) > 1 else f"vLLM {have[0]}"
+        what = (f"image {self.image} names no vLLM release in its tag" if self.release is None else
+                f"image {self.image} runs vLLM {self.release}, which the operator has no flag snapshot of")
+        out = (f"{what} (it has {known}'s), so extraArgs were checked loosely against vLLM {self.snapshot.version}'s "
+               "flags: a flag or value only another release knows passes, derived flags and credentials stay "
+               "refused")
+        if self.unchecked:
+            out += f"; passed unchecked: {', '.join(self.unchecked)}"
+        if self.release is None:
+            out += f". Name the release in the tag (vllm/vllm-openai:v{vllm_flags.VERSION}@sha256:...) for the " \
+                   "strict check"
+        return out
+
+
+def flag_check(spec: VLLMServerSpec) -> FlagCheck:
+    """Pure: the release the image names and the flag snapshot that checks the server's args."""
+    release = image_vllm_version(spec.image)
+    snap, exact = vllm_flags.snapshot_for(release)
+    unchecked = () if exact else tuple(unchecked_extra_args(list(spec.engine.extra_args), snap))
+    return FlagCheck(image=spec.image, release=release, snapshot=snap, exact=exact, unchecked=unchecked)
 
 
 def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None,
                allow_unsafe_args: bool = False, urls: Optional[URLPolicy] = None) -> list[Problem]:
     """Semantic checks the CRD schema cannot express, every rule family in turn. Pure. `urls`: the operator's URL
     settings (urlpolicy.py; spec.model.configURL is checked before it is fetched, in pipeline.plan_server)."""
+    checked = flag_check(spec)
     return [
         *name_problems(name),
         *autoscaling_problems(spec, default_prometheus_url, urls),
@@ -217,12 +261,12 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         *credential_problems(spec),
         *flag_like_values(spec),
         *env_problems(spec),
-        *unsupported_quantization(spec),
+        *unsupported_quantization(spec, checked.snapshot),
         *resource_problems(spec),
         *toleration_problems(spec),
         *request_limit_problems(spec),
-        *check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args,
-                          loose=image_vllm_version(spec.image) not in (None, vllm_flags.VERSION)),
+        *check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args, loose=not checked.exact,
+                          snapshot=checked.snapshot),
     ]
 
 
@@ -311,11 +355,11 @@ def env_problems(spec: VLLMServerSpec) -> list[Problem]:
     return out
 
 
-def unsupported_quantization(spec: VLLMServerSpec) -> list[Problem]:
-    """spec.model.quantization values the API accepts but the pinned vLLM does not have."""
+def unsupported_quantization(spec: VLLMServerSpec, snap: vllm_flags.Snapshot) -> list[Problem]:
+    """spec.model.quantization values the API accepts but the image's vLLM does not have."""
     method = spec.model.quantization
     if method in UNSUPPORTED_QUANTIZATION:
-        return [Problem("spec.model.quantization", f"vLLM {vllm_flags.VERSION} has no quantization method "
+        return [Problem("spec.model.quantization", f"vLLM {snap.version} has no quantization method "
                         f"{method!r} and would exit at start: {UNSUPPORTED_QUANTIZATION[method]}")]
     return []
 
@@ -388,19 +432,20 @@ def image_vllm_version(image: str) -> Optional[str]:
     return re.split(r"[-+]", found.group(1))[0] if found else None
 
 
-def unchecked_extra_args(extra: list[str]) -> list[str]:
+def unchecked_extra_args(extra: list[str], snap: Optional[vllm_flags.Snapshot] = None) -> list[str]:
     """The extraArgs flags the flag snapshot does not know (passed unchecked for another vLLM release)."""
     return [flag for flag in (token.partition("=")[0] for token in extra)
-            if flag.startswith("--") and _snapshot_flag(flag)[2] is None]
+            if flag.startswith("--") and _snapshot_flag(flag, snap)[2] is None]
 
 
-def _snapshot_flag(flag: str) -> tuple[str, Optional[str], Optional[vllm_flags.FlagInfo]]:
+def _snapshot_flag(flag: str, snap: Optional[vllm_flags.Snapshot] = None
+                   ) -> tuple[str, Optional[str], Optional[vllm_flags.FlagInfo]]:
     """(normalised flag, its JSON-valued parent for a dotted key such as --compilation-config.mode, what the
-    snapshot's parser knows of it, or None)."""
+    snapshot's parser knows of it, or None). `snap`: the default release's when not given."""
     normal = vllm_flags.normalise(flag)
     # --compilation-config.mode 3 sets one key of a JSON-valued flag (FlexibleArgumentParser).
     dotted = normal.split(".", 1)[0].rstrip("+") if normal.startswith("--") and "." in normal else None
-    return normal, dotted, vllm_flags.flags().get(dotted or normal)
+    return normal, dotted, (snap or vllm_flags.snapshot()).flags.get(dotted or normal)
 
 
 def overcommittable(resource: str) -> bool:
@@ -427,13 +472,17 @@ def _values(extra: list[str], i: int, info: Optional[vllm_flags.FlagInfo]) -> li
     return extra[i:end]
 
 
-def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool = False) -> list[Problem]:
-    """Refuse flags vLLM does not have, flags the operator derives (--host/--port only with the escape-hatch
+def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool = False,
+                     snapshot: Optional[vllm_flags.Snapshot] = None) -> list[Problem]:
+    """Refuse flags vLLM does not have, flags the operator derives (or another spelling of one, such as
+    --device-memory-utilization for --gpu-memory-utilization; --host/--port only with the escape-hatch
     annotation: `allow_unsafe`) and credentials as flag values (one problem per flag).
 
-    `loose`: the image runs another vLLM release than the snapshot's: what only the snapshot's parser can tell
-    (a flag it lacks or has removed, a value outside its choices) is not refused, since that release may differ;
-    what the operator owns and credentials still are."""
+    `snapshot`: the flags of the image's vLLM release (the default release's when not given). `loose`: the image
+    runs a release without a snapshot of its own: what only its parser can tell (a flag the snapshot lacks or has
+    removed, a value outside its choices) is not refused, since that release may differ; what the operator owns
+    and credentials still are."""
+    snap = snapshot or vllm_flags.snapshot()
     problems: list[Problem] = []
     i = 0
     while i < len(extra):
@@ -447,7 +496,10 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
         flag, eq, inline = token.partition("=")
         if flag.startswith("-O") and not flag.startswith("--") and flag != "-O":  # -O3: --optimization-level 3
             flag, eq, inline = "--optimization-level", "=", flag[2:].lstrip("=") or inline
-        normal, dotted, info = _snapshot_flag(flag)
+        normal, dotted, info = _snapshot_flag(flag, snap)
+        # Another spelling of a flag the operator owns sets the same value: -tp, --device-memory-utilization,
+        # --disable-prefix-caching (0.33) are the action's other option strings.
+        action = info.action if info is not None and info.action in OWNED_FLAGS else None
         refusal = None
         if loose and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
                 and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
@@ -465,11 +517,14 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
         elif normal in UNSAFE_FLAGS:
             refusal = (f"{flag} is fixed by the operator: {OWNED_FLAGS[normal]}. To set it anyway, annotate the "
                        f"VLLMServer {api.ALLOW_UNSAFE_ARGS_ANNOTATION}: \"true\" (docs/security.md)")
-        elif normal in OWNED_FLAGS or flag in OWNED_FLAGS or (dotted and dotted in OWNED_FLAGS):
-            owner = OWNED_FLAGS.get(dotted or normal) or OWNED_FLAGS.get(flag)
+        elif normal in OWNED_FLAGS or flag in OWNED_FLAGS or (dotted and dotted in OWNED_FLAGS) or action:
+            owner = OWNED_FLAGS.get(dotted or normal) or OWNED_FLAGS.get(flag) or OWNED_FLAGS[action or ""]
             refusal = f"{flag} is derived by the operator; set {owner} instead"
+            if action and action != normal:
+                refusal = f"{flag} is vLLM's other name for {action}, which is derived by the operator; set {owner} " \
+                          "instead"
         elif info is None:
-            refusal = f"vLLM {vllm_flags.VERSION} has no flag {flag}: the server would exit with code 2 and crash-loop"
+            refusal = f"vLLM {snap.version} has no flag {flag}: the server would exit with code 2 and crash-loop"
         if refusal:
             problems.append(Problem(where, refusal))
             # The refused flag's value(s) go with it; do not report them again as "not a flag".
@@ -499,3 +554,6 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
         elif info.takes_value and info.nargs_required:
             problems.append(Problem(where, f"{flag} needs a value"))
     return problems
+
+
+# --------------------------------------------------------------------------- planning

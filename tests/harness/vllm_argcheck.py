@@ -53,8 +53,12 @@ def _build_parser():
     """The top-level parser of `vllm` with only the `serve` subcommand, as main() builds it."""
     import vllm
     from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.entrypoints.serve.utils.api_utils import VLLM_SUBCMD_PARSER_EPILOG
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:  # vLLM 0.33 moved the epilog (it names no flag) to entrypoints/common/startup.py
+        from vllm.entrypoints.common.startup import VLLM_SUBCMD_PARSER_EPILOG
+    except ImportError:
+        from vllm.entrypoints.serve.utils.api_utils import VLLM_SUBCMD_PARSER_EPILOG
 
     parser = FlexibleArgumentParser(
         prog="vllm",  # what argparse derives from sys.argv[0] for the console script
@@ -166,12 +170,18 @@ def _values(engine_args) -> dict:
 
 
 def _describe_flags(serve_parser) -> dict:
+    # Every option string the parser accepts: vLLM 0.33 keeps --no-enable-x registered (it still parses) but
+    # takes it out of the action's option_strings, which only feed --help.
+    accepted: dict[int, list[str]] = {}
+    for option, action in serve_parser._option_string_actions.items():
+        accepted.setdefault(id(action), []).append(option)
     flags = {}
     for action in serve_parser._actions:
         if not action.option_strings:
             continue
+        hidden = [o for o in accepted.get(id(action), []) if o not in action.option_strings]
         flags[action.option_strings[0]] = {
-            "option_strings": list(action.option_strings),
+            "option_strings": [*action.option_strings, *hidden],
             "dest": action.dest,
             "choices": sorted(map(str, action.choices)) if action.choices is not None else None,
             "type": getattr(action.type, "__name__", repr(action.type)) if action.type else None,

@@ -22,7 +22,7 @@ from .. import api, builders, catalog, pipeline, podsecurity
 from . import apierrors, events, failures, kvcapacity, replan
 from ..autoscaler import ownership
 from ..informers.cache import WatchedObjects
-from ..conditions import condition, set_condition
+from ..conditions import EXTRA_ARGS_UNCHECKED, condition, extra_args_unchecked, set_condition
 from .kube import ApiError, Kube
 from ..urlpolicy import URLPolicy
 
@@ -34,7 +34,7 @@ HASH_ANNOTATION = f"{api.GROUP}/desired-hash"
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
               "kvCapacity")
 OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
-                  "PlanOutdated")
+                  "PlanOutdated", EXTRA_ARGS_UNCHECKED)
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
@@ -293,6 +293,8 @@ class Reconciler:
             conditions = set_condition(conditions, "SpecValid", "True", "Planned",
                                        f"flags derived: {plan.max_model_len} tokens of context, "
                                        f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
+            conditions, loose = extra_args_unchecked(conditions, plan.flags and plan.flags.warning(), generation, now)
+            result.events += [loose] if loose else []
             conditions, desired = self._external_scaler(name, spec, desired, conditions, generation, now, result)
             live = self._live_children(namespace, name, meta["uid"])
             taken = self._names_taken(desired, live, meta["uid"])
