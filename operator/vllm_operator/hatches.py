@@ -126,6 +126,9 @@ def template_problems(plan: Plan) -> list[Problem]:
             return [Problem(path, exc.message)]
     if not isinstance(final.get("spec"), dict) or not isinstance(final.get("metadata"), dict):
         return [Problem(PATCH_FIELD, "its metadata and spec must be maps")]
+    shape = _shape_problems(final["spec"])
+    if shape:
+        return shape
     try:
         out = _derived_fields(plan, base, final) + _grants(base, final) + _gpus(plan, final)
         found = podsecurity.beyond_the_spec(final["spec"], host_ipc=spec.ipc == "Host",
@@ -139,6 +142,33 @@ def template_problems(plan: Plan) -> list[Problem]:
     out += [Problem(f"{PATCH_FIELD}.spec.{v.path}", f"{v.what}: the operator's pods pass Pod Security "
                                                      "\"restricted\" (docs/security.md)")
             for v in found if f"{PATCH_FIELD}.spec.{v.path}" not in reported]
+    return out
+
+
+#: The lists of maps and the maps of a pod spec and its containers the rules read: a patch that gives one of
+#: them another type is refused by name, before the rules look into it.
+_POD_LISTS = ("initContainers", "containers", "volumes", "imagePullSecrets")
+_CONTAINER_LISTS = ("env", "envFrom", "ports", "volumeMounts")
+_CONTAINER_MAPS = ("securityContext", "resources")
+
+
+def _shape_problems(pod_spec: dict[str, Any]) -> list[Problem]:
+    out = []
+    for key in _POD_LISTS:
+        items = pod_spec.get(key)
+        if items is not None and not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
+            out.append(Problem(f"{PATCH_FIELD}.spec.{key}", "must be a list of maps"))
+    if out:
+        return out
+    for at, c in _containers(pod_spec):
+        for key in _CONTAINER_LISTS:
+            items = c.get(key)
+            if items is not None and not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
+                out.append(Problem(f"{PATCH_FIELD}.spec.{at}.{key}", "must be a list of maps"))
+        out += [Problem(f"{PATCH_FIELD}.spec.{at}.{key}", "must be a map") for key in _CONTAINER_MAPS
+                if c.get(key) is not None and not isinstance(c.get(key), dict)]
+    if pod_spec.get("securityContext") is not None and not isinstance(pod_spec["securityContext"], dict):
+        out.append(Problem(f"{PATCH_FIELD}.spec.securityContext", "must be a map"))
     return out
 
 

@@ -109,27 +109,39 @@ def _merge_map(original: dict[str, Any], patch: dict[str, Any], path: str) -> An
 
 
 def _merge_list(original: list[Any], patch: list[Any], key: str, path: str) -> list[Any]:
+    """Merge by `key`, in apimachinery's order: the patch's elements in the patch's order, the original's others
+    in theirs, interleaved so that two elements both in the original keep their original order (a new element
+    goes before the original's others: a new init container runs first)."""
     if any(isinstance(e, dict) and e.get(PATCH) == "replace" for e in patch):
         return [_strip(e, f"{path}[{i}]") for i, e in enumerate(patch)
                 if not (isinstance(e, dict) and e.get(PATCH) == "replace")]
-    merged = list(original)
-    index = {e.get(key): i for i, e in enumerate(merged) if isinstance(e, dict)}
-    deleted: set[int] = set()
+    position = {e[key]: i for i, e in enumerate(original) if isinstance(e, dict) and key in e}
+    patched: list[tuple[Any, Any]] = []  # (position in the original or None, element)
+    touched: set[Any] = set()
     for i, element in enumerate(patch):
         where = f"{path}[{i}]"
         if not isinstance(element, dict) or key not in element:
             raise PatchError(where, f"each element needs its merge key {key!r}")
-        at = index.get(element[key])
+        name = element[key]
+        if name in touched:
+            raise PatchError(where, f"{key} {name!r} appears twice in the patch")
+        touched.add(name)
+        at = position.get(name)
         if element.get(PATCH) == "delete":
-            if at is not None:
-                deleted.add(at)
             continue
-        if at is None or at in deleted:
-            index[element[key]] = len(merged)
-            merged.append(_strip(element, where))
+        merged = _strip(element, where) if at is None else _merge_map(original[at], element, where)
+        patched.append((at, merged))
+    untouched = [(i, e) for i, e in enumerate(original)
+                 if not (isinstance(e, dict) and e.get(key) in touched)]
+    out, i, j = [], 0, 0
+    while i < len(patched) and j < len(untouched):
+        if patched[i][0] is not None and untouched[j][0] < patched[i][0]:
+            out.append(untouched[j][1])
+            j += 1
         else:
-            merged[at] = _merge_map(merged[at], element, where)
-    return [e for i, e in enumerate(merged) if i not in deleted]
+            out.append(patched[i][1])
+            i += 1
+    return out + [e for _, e in patched[i:]] + [e for _, e in untouched[j:]]
 
 
 def _strip(value: Any, path: str) -> Any:
