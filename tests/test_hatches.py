@@ -263,3 +263,19 @@ def test_every_example_passes_the_final_template_rules():
         plan = pipeline.plan_server(doc.server.metadata.name, "ns", doc.server.spec)
         assert plan.fits, (path.name, plan.problems)
         assert hatches.template_problems(plan) == []
+
+
+# --------------------------------------------------------------------------- gpu.resourceName
+def test_a_renamed_gpu_resource_is_requested_instead_of_nvidia_com_gpu():
+    """Time-slicing with renameByDefault advertises nvidia.com/gpu.shared on nodes GFD labels NVIDIA-L4-SHARED:
+    the pod must request that resource, or it never schedules."""
+    plan = plan_with(gpu={"count": 1, "product": "NVIDIA-L4-SHARED", "memory": "12Gi",
+                          "resourceName": "nvidia.com/gpu.shared"})
+    assert plan.fits, plan.problems
+    resources = builders.pod_template(plan)["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["nvidia.com/gpu.shared"] == "1" and "nvidia.com/gpu" not in resources["limits"]
+    refused = plan_with(gpu={"count": 1, "product": "NVIDIA-L4", "resourceName": "nvidia.com/gpu.shared"},
+                        resources={"limits": {"nvidia.com/gpu.shared": "2"}})
+    assert "spec.resources" in fields(refused)
+    with pytest.raises(ValueError, match="resourceName"):
+        api.GPUSpec.model_validate({"resourceName": "amd.com/gpu"})

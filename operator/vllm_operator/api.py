@@ -338,6 +338,13 @@ def downloads_in_init_container(model: ModelSpec) -> bool:
 class GPUSpec(_Model):
     """The NVIDIA GPUs each server gets."""
 
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.resourceName) || !has(self.migProfile)",
+            "set migProfile (the resource is nvidia.com/mig-<profile>) or resourceName, not both", ".resourceName"),
+        cel("!has(self.resourceName) || !self.resourceName.startsWith('nvidia.com/mig-')",
+            "a MIG slice is requested through migProfile, which also plans with the slice's memory", ".resourceName"),
+    ))
+
     count: int = Field(1, ge=1, le=64)
     """GPUs per server (nvidia.com/gpu); also the tensor-parallel size. 1 with migProfile."""
     product: Optional[str] = Field(None, min_length=1, max_length=128)
@@ -350,6 +357,12 @@ class GPUSpec(_Model):
     (the NVIDIA device plugin's mixed strategy; with labelConvention GKE, nvidia.com/gpu on nodes of that
     partition size) and is planned with the slice's memory. One slice per server: count must be 1, vLLM
     cannot run tensor parallelism across MIG slices."""
+    resource_name: Optional[str] = Field(None, alias="resourceName", max_length=63,
+                                         pattern=r"^nvidia\.com/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """The extended resource the pod requests instead of nvidia.com/gpu, where the NVIDIA device plugin renames it:
+    time-slicing or MPS with renameByDefault advertises nvidia.com/gpu.shared, and its config can rename a shared
+    resource to any nvidia.com/ name. The plan is the same (count GPUs of gpu.product's memory); for MIG use
+    migProfile."""
     label_convention: Literal["GFD", "GKE", "Karpenter"] = Field("GFD", alias="labelConvention")
     """The node label that selects the product: GFD (nvidia.com/gpu.product, from NVIDIA GPU feature
     discovery), GKE (cloud.google.com/gke-accelerator, also what node auto-provisioning reads) or Karpenter

@@ -549,9 +549,9 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
             f"{spec.model.quantization!r} and would exit at start: "
             f"{UNSUPPORTED_QUANTIZATION[spec.model.quantization]}")
     gpu_resources = {k for k in [*spec.resources.requests, *spec.resources.limits]
-                     if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-")}
+                     if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-") or k == spec.gpu.resource_name}
     for key in sorted(gpu_resources):
-        add("spec.resources", f"{key} comes from spec.gpu (count, migProfile); remove it from resources")
+        add("spec.resources", f"{key} comes from spec.gpu (count, migProfile, resourceName); remove it from resources")
     sizes = [("spec.gpu.memory", spec.gpu.memory), ("spec.gpu.reservedMemory", spec.gpu.reserved_memory),
              ("spec.shmSize", spec.shm_size), ("spec.cache.size", spec.cache.size if spec.cache else None)]
     sizes += [(f"spec.resources.{side}.{k}", v) for side, values in (("requests", spec.resources.requests),
