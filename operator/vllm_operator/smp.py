@@ -20,7 +20,6 @@ sizes; the caller bounds the patch's size and depth (MAX_PATCH_BYTES, MAX_DEPTH)
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -74,14 +73,15 @@ def check_bounds(patch: Any, path: str) -> None:
 
 def apply(original: dict[str, Any], patch: dict[str, Any], path: str = "") -> dict[str, Any]:
     """`original` with `patch` merged in, as a new object (neither argument is changed)."""
-    merged = _merge_map(copy.deepcopy(original), patch, path)
+    # A JSON round trip copies a template (JSON data) several times faster than copy.deepcopy.
+    merged = _merge_map(json.loads(json.dumps(original)), patch, path)
     return merged if merged is not None else {}
 
 
 def _merge_map(original: dict[str, Any], patch: dict[str, Any], path: str) -> Any:
     directive = patch.get(PATCH)
     if directive == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != PATCH}
+        return _strip({k: v for k, v in patch.items() if k != PATCH}, path)
     if directive == "delete":
         return None
     if directive not in (None, "merge"):
