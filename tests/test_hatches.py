@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from e2e.controlplane import KUBECTL
-from vllm_operator import api, builders, hatches, pipeline, smp
+from vllm_operator import api, builders, hatches, pipeline, podsecurity, smp
 from vllm_operator.planner import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,3 +288,50 @@ def test_the_admission_policy_unrolls_as_many_containers_as_the_crd_allows():
     """The policy checks each extra container's env by index, unrolled in the template: as many as maxItems."""
     template = (ROOT / "charts/vllm-operator/templates/admission-policy.yaml").read_text()
     assert f"{{{{- $maxContainers := {api.MAX_EXTRA_CONTAINERS} }}}}" in template
+
+
+# --------------------------------------------------------------------------- fuzzed patches
+_KEYS = ["containers", "initContainers", "volumes", "env", "envFrom", "name", "image", "args", "securityContext",
+         "privileged", "capabilities", "add", "resources", "limits", "nvidia.com/gpu", "secret", "secretName",
+         "hostPath", "path", "hostPID", "serviceAccountName", "labels", "annotations", "metadata", "spec",
+         "valueFrom", "secretKeyRef", "volumeMounts", "mountPath", "ports", "containerPort", "$patch", "vllm",
+         "proxy", "download", "cache", "runAsUser", "NVIDIA_VISIBLE_DEVICES"]
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-1, 70000), st.sampled_from(_KEYS + ["delete", "replace"]))
+_JSON = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4)), max_leaves=30)
+_CONTAINER = st.fixed_dictionaries({"name": st.sampled_from(["vllm", "proxy", "download", "new"])},
+                                   optional={k: _JSON for k in _KEYS[3:20] if k != "name"})
+_POD_SPEC = st.fixed_dictionaries({}, optional={"containers": st.lists(_CONTAINER, max_size=2),
+                                                "initContainers": st.lists(_CONTAINER, max_size=2),
+                                                **{k: _JSON for k in _KEYS[2:25]}})
+_PATCHES = st.fixed_dictionaries({}, optional={"metadata": st.dictionaries(st.sampled_from(_KEYS), _JSON, max_size=3),
+                                               "spec": _POD_SPEC})
+_BASE = {"volumes": VOLUMES, "sidecars": [SIDECAR]}
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(_PATCHES)
+def test_any_patch_is_refused_naming_a_field_or_builds_a_template_within_the_rules(patch):
+    """No patch raises; one that is admitted builds a template that passes Pod Security restricted, keeps the vLLM
+    container as derived and names no Secret, ConfigMap, claim or image the typed fields did not."""
+    plain = plan_with(**_BASE)
+    try:
+        spec = api.VLLMServerSpec.model_validate({**plain.spec.model_dump(by_alias=True, exclude_none=True),
+                                                  "podTemplatePatch": patch})
+    except ValueError:
+        return  # not a map: the CRD's schema refuses it first
+    plan = pipeline.plan_server("srv", "ns1", spec)
+    if not plan.fits:
+        assert all(p.field.startswith("spec.podTemplatePatch") for p in plan.problems), plan.problems
+        return
+    base, final = builders.base_pod_template(plain), builders.pod_template(plan)
+    assert podsecurity_ok(final["spec"])
+    assert set(hatches.references(final["spec"])) <= set(hatches.references(base["spec"]))
+    vllm = {c["name"]: c for c in final["spec"]["containers"]}["vllm"]
+    base_vllm = base["spec"]["containers"][0]
+    for key in ("image", "args", "ports", "startupProbe", "livenessProbe", "readinessProbe"):
+        assert vllm.get(key) == base_vllm.get(key)
+
+
+def podsecurity_ok(pod_spec: dict) -> bool:
+    return podsecurity.beyond_the_spec(pod_spec, host_ipc=False, host_network=False) == []
