@@ -541,7 +541,8 @@ def build_scaled_object(plan: Plan, owner: Optional[dict] = None) -> dict[str, A
 
 #: The largest object the operator applies, as JSON. etcd stores at most 1.5 MiB per object and the API server
 #: refuses a request above 2 MiB with a gRPC error (a 500 it would be retried on forever); a pod template copies
-#: engine.env and extraArgs, so a spec within the CRD's bounds can still build a workload past them.
+#: engine.env and extraArgs (and the extra containers and the patch), so a spec within the CRD's bounds can still
+#: build a workload past them.
 MAX_OBJECT_BYTES = 1_400_000
 
 
@@ -553,7 +554,8 @@ def oversized(objects: list[dict[str, Any]]) -> list[str]:
         if size > MAX_OBJECT_BYTES:
             out.append(f"spec: the {obj['kind']} {obj['metadata']['name']} would be {size:,} bytes, more than the "
                        f"{MAX_OBJECT_BYTES:,} the operator applies (etcd keeps at most 1.5 MiB per object): "
-                       "shorten spec.engine.env, spec.engine.extraArgs or spec.engine.chatTemplate")
+                       "shorten spec.engine.env, spec.engine.extraArgs, spec.engine.chatTemplate, the extra "
+                       "containers or spec.podTemplatePatch")
     return out
 
 
