@@ -207,7 +207,15 @@ def test_sixteen_secret_references_fit_the_cel_budget_and_seventeen_are_refused(
                      serviceAccountName="default", cache={"claimName": "models"})
     tenant.grant("serviceaccounts", "get")
     tenant.grant("persistentvolumeclaims", "get")
-    refused(tenant.create, server(engine=secret_env(*names, "s16")), "at most 16 Secret references", "17 given")
+    refused(tenant.create, server(engine=secret_env(*names, "s16")), "at most 16 Secret, ConfigMap and claim references",
+            "17 given")
+    # the escape hatches' references count against the same budget: 15 env Secrets and a volume's ConfigMap ...
+    tenant.grant("configmaps", "get")
+    volume = [{"name": "config", "configMap": {"name": "c"}}]
+    admitted(tenant.create, server(engine=secret_env(*names[:15]), volumes=volume))
+    # ... and a sidecar's Secret is the 17th
+    sidecar = [{"name": "proxy", "image": "envoy:1", "env": secret_env("s16")["env"]}]
+    refused(tenant.create, server(engine=secret_env(*names[:15]), volumes=volume, sidecars=sidecar), "17 given")
     admitted(tenant.create, sixteen)
 
 
@@ -230,6 +238,36 @@ def test_a_claim_needs_get_on_it(control_plane, namespace, policy, tenant):
     admitted(tenant.create, doc)
     # a new claim per replica (cache.size) names no existing claim
     admitted(tenant.create, server("sized", cache={"size": "50Gi"}))
+
+
+def test_the_escape_hatches_references_need_get_on_each(control_plane, namespace, policy, tenant):
+    """spec.volumes (Secret, ConfigMap, claim) and the env of spec.initContainers and spec.sidecars name things the
+    pods would read: each needs get, as hfTokenSecretRef does. (The pod template patch may not name any: the
+    operator refuses a final template with a reference the typed fields did not make, hatches.py.)"""
+    policy.install()
+    doc = server(volumes=[{"name": "ca", "secret": {"secretName": "ca-bundle"}},
+                          {"name": "config", "configMap": {"name": "proxy-config"}},
+                          {"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
+                 initContainers=[{"name": "warm", "image": "busybox:1",
+                                  "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "warm-token",
+                                                                                       "key": "t"}}}]}],
+                 sidecars=[{"name": "proxy", "image": "envoy:1",
+                            "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "proxy-key", "key": "k"}}}]}])
+    admitted(lambda d: admin_create(control_plane, namespace, d), doc)
+    refused(tenant.create, doc, "spec.volumes[ca].secret.secretName:", f"{TENANT} may not get Secret ca-bundle",
+            "grant get on secrets/ca-bundle")
+    tenant.grant("secrets", "get", name="ca-bundle")
+    refused(tenant.create, doc, "spec.volumes[config].configMap.name:", "may not get ConfigMap proxy-config",
+            "grant get on configmaps/proxy-config")
+    tenant.grant("configmaps", "get", name="proxy-config")
+    refused(tenant.create, doc, "spec.volumes[data].persistentVolumeClaim.claimName:",
+            "may not get PersistentVolumeClaim datasets")
+    tenant.grant("persistentvolumeclaims", "get", name="datasets")
+    refused(tenant.create, doc, "spec.initContainers[warm].env[T].valueFrom.secretKeyRef.name:", "Secret warm-token")
+    tenant.grant("secrets", "get", name="warm-token")
+    refused(tenant.create, doc, "spec.sidecars[proxy].env[K].valueFrom.secretKeyRef.name:", "Secret proxy-key")
+    tenant.grant("secrets", "get", name="proxy-key")
+    admitted(tenant.create, doc)
 
 
 def test_the_requester_must_be_allowed_to_create_pods(control_plane, namespace, policy):
@@ -298,6 +336,13 @@ def test_allowlists_and_denied_label_prefixes(control_plane, namespace, policy):
             "spec.podLabels: app.kubernetes.io/name not allowed")
     admitted(create, server(image="docker.io/vllm/vllm-openai:v0.32.0", serviceAccountName="vllm",
                             priorityClassName="inference", cache={"claimName": "models"}, podLabels={"team": "a"}))
+
+    # the extra containers' images too
+    refused(create, server(image="docker.io/vllm/vllm-openai:v0.32.0",
+                           sidecars=[{"name": "proxy", "image": "quay.io/evil/proxy:1"}]),
+            "spec.initContainers, spec.sidecars: quay.io/evil/proxy:1 does not start with an allowed prefix")
+    admitted(create, server(image="docker.io/vllm/vllm-openai:v0.32.0",
+                            sidecars=[{"name": "proxy", "image": "docker.io/vllm/vllm-openai:v0.32.0"}]))
 
     policy.install({"allowedPodLabelKeys": ["team"]})
     refused(create, server(podLabels={"team": "a", "app": "frontend"}), "spec.podLabels: app not allowed",

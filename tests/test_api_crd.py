@@ -61,17 +61,22 @@ def test_schema_carries_enums_ranges_required_and_defaults():
     assert props["workloadProfile"]["properties"]["priority"]["enum"] == ["latency", "balanced", "throughput"]
     assert props["gpu"]["properties"]["memory"]["pattern"] == api.QUANTITY_PATTERN
     # the only free-form fields are affinity and the spread constraints, passed through to the pod as they are
-    # (the API server checks them when the workload is applied)
+    # (the API server checks them when the workload is applied), and the pod template patch's two halves, which
+    # the operator checks on the final template (hatches.py)
     free = [p for p, n in _walk(crd.openapi_schema()) if n.get("x-kubernetes-preserve-unknown-fields")]
-    assert free == ["$.spec.affinity", "$.spec.topologySpreadConstraints[]"]
+    assert free == ["$.spec.affinity", "$.spec.topologySpreadConstraints[]", "$.spec.podTemplatePatch.metadata",
+                    "$.spec.podTemplatePatch.spec"]
 
 
 def test_quantities_are_int_or_string_with_the_quantity_grammar():
     """A number or a quantity string, as in a pod's resources: an object or "24 GiB" is refused at admission."""
     schema = crd.openapi_schema()
     quantities = sorted(p for p, n in _walk(schema) if n.get("x-kubernetes-int-or-string"))
-    assert quantities == ["$.spec.cache.size", "$.spec.gpu.memory", "$.spec.gpu.reservedMemory",
-                          "$.spec.resources.limits{}", "$.spec.resources.requests{}", "$.spec.shmSize"]
+    containers = [f"$.spec.{key}[].resources.{side}{{}}" for key in ("initContainers", "sidecars")
+                  for side in ("limits", "requests")]
+    assert quantities == sorted(["$.spec.cache.size", "$.spec.gpu.memory", "$.spec.gpu.reservedMemory",
+                                 "$.spec.resources.limits{}", "$.spec.resources.requests{}", "$.spec.shmSize",
+                                 "$.spec.volumes[].emptyDir.sizeLimit", *containers])
     for path, node in _walk(schema):
         if node.get("x-kubernetes-int-or-string"):
             assert node["pattern"] == api.QUANTITY_PATTERN and "type" not in node, path

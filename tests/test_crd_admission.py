@@ -114,6 +114,28 @@ REFUSED = [
      "spec.tolerations[0].tolerationSeconds", "NoExecute only"),
     ("too many tolerations", {"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(40)]},
      "spec.tolerations", "Too many"),
+    # the escape hatches
+    ("a volume with two sources", {"volumes": [{"name": "v", "emptyDir": {}, "secret": {"secretName": "s"}}]},
+     "spec.volumes[0]", "exactly one of"),
+    ("a hostPath volume", {"volumes": [{"name": "v", "hostPath": {"path": "/"}}]}, "spec.volumes[0].hostPath",
+     "unknown field"),
+    ("the operator's volume name", {"volumes": [{"name": "cache", "emptyDir": {}}]}, "spec.volumes[0].name",
+     "operator's own volumes"),
+    ("a volume name twice", {"volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}]},
+     "spec.volumes[1]", "Duplicate value"),
+    ("a sidecar named vllm", {"sidecars": [{"name": "vllm", "image": "x"}]}, "spec.sidecars[0].name",
+     "operator's own containers"),
+    ("a privileged sidecar", {"sidecars": [{"name": "p", "image": "x", "securityContext": {"privileged": True}}]},
+     "spec.sidecars[0].securityContext", "unknown field"),
+    ("too many sidecars", {"sidecars": [{"name": f"s{i}", "image": "x"} for i in range(5)]}, "spec.sidecars",
+     "Too many"),
+    ("a sidecar that sees every GPU", {"sidecars": [{"name": "p", "image": "x", "env": [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}, "spec.sidecars[0].env[0].name", "device plugin"),
+    ("a patch beside metadata and spec", {"podTemplatePatch": {"status": {}}}, "spec.podTemplatePatch.status",
+     "unknown field"),
+    ("a MIG resource name", {"gpu__resourceName": "nvidia.com/mig-1g.10gb"}, "spec.gpu.resourceName",
+     "migProfile"),
+    ("another vendor's resource", {"gpu__resourceName": "amd.com/gpu"}, "spec.gpu.resourceName", "should match"),
 ]
 
 

@@ -230,6 +230,18 @@ FreeForm = Annotated[
 ]
 
 
+#: spec.podTemplatePatch: a partial pod template (metadata, spec), kept as written. Its size is bounded by the
+#: API server's request limit and then by the operator (smp.MAX_PATCH_BYTES, smp.MAX_DEPTH).
+PodTemplatePatch = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "properties": {
+        "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                     "description": "Labels and annotations to merge into the pods' metadata."},
+        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                 "description": "A partial pod spec, merged as kubectl patch --type=strategic would."}}}),
+]
+
+
 class _Model(BaseModel):
     """Base: camelCase field names on the wire, unknown fields refused."""
 
@@ -348,6 +360,13 @@ def downloads_in_init_container(model: ModelSpec) -> bool:
 class GPUSpec(_Model):
     """The NVIDIA GPUs each server gets."""
 
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.resourceName) || !has(self.migProfile)",
+            "set migProfile (the resource is nvidia.com/mig-<profile>) or resourceName, not both", ".resourceName"),
+        cel("!has(self.resourceName) || !self.resourceName.startsWith('nvidia.com/mig-')",
+            "a MIG slice is requested through migProfile, which also plans with the slice's memory", ".resourceName"),
+    ))
+
     count: int = Field(1, ge=1, le=64)
     """GPUs per server (nvidia.com/gpu); also the tensor-parallel size. 1 with migProfile."""
     product: Optional[str] = Field(None, min_length=1, max_length=128)
@@ -360,6 +379,12 @@ class GPUSpec(_Model):
     (the NVIDIA device plugin's mixed strategy; with labelConvention GKE, nvidia.com/gpu on nodes of that
     partition size) and is planned with the slice's memory. One slice per server: count must be 1, vLLM
     cannot run tensor parallelism across MIG slices."""
+    resource_name: Optional[str] = Field(None, alias="resourceName", max_length=63,
+                                         pattern=r"^nvidia\.com/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """The extended resource the pod requests instead of nvidia.com/gpu, where the NVIDIA device plugin renames it:
+    time-slicing or MPS with renameByDefault advertises nvidia.com/gpu.shared, and its config can rename a shared
+    resource to any nvidia.com/ name. The plan is the same (count GPUs of gpu.product's memory); for MIG use
+    migProfile."""
     label_convention: Literal["GFD", "GKE", "Karpenter"] = Field("GFD", alias="labelConvention")
     """The node label that selects the product: GFD (nvidia.com/gpu.product, from NVIDIA GPU feature
     discovery), GKE (cloud.google.com/gke-accelerator, also what node auto-provisioning reads) or Karpenter
@@ -586,6 +611,161 @@ class ResourceOverrides(_Model):
     """Resource limits."""
 
 
+# --------------------------------------------------------------------------- escape hatches
+#: Names of the operator's own containers and volumes in the pod: spec.volumes, spec.initContainers and
+#: spec.sidecars may not take them.
+OPERATOR_CONTAINERS = ("vllm", "download")
+OPERATOR_VOLUMES = ("cache", "home", "dshm")
+#: Where the operator mounts its volumes in the vLLM container (builders.CACHE_MOUNT, HOME, /dev/shm).
+OPERATOR_MOUNT_PATHS = ("/cache", "/home/vllm", "/dev/shm")
+MAX_EXTRA_VOLUMES = 16
+MAX_EXTRA_CONTAINERS = 4
+#: A DNS label (container, volume and port names).
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNSLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
+_FILE_MODE = Field(None, ge=0, le=0o777)
+
+
+def _list_map(*keys: str) -> dict[str, Any]:
+    """A list the API server keeps unique by `keys` (x-kubernetes-list-type: map)."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
+
+
+class KeyToPath(_Model):
+    """One key of a Secret or ConfigMap, as a file of the volume."""
+
+    key: str = Field(..., min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """The key."""
+    path: str = Field(..., min_length=1, max_length=1024, pattern=r"^[^/]")
+    """Relative path of the file in the volume."""
+    mode: Optional[int] = _FILE_MODE
+    """File mode (0-0777); the volume's defaultMode when omitted."""
+
+
+class SecretVolumeSource(_Model):
+    """A Secret of the namespace as files (the admission policy asks that the requester may get it)."""
+
+    secret_name: DNSSubdomain = Field(..., alias="secretName")
+    """The Secret."""
+    items: list[KeyToPath] = Field(default_factory=list, max_length=32)
+    """Only these keys, at these paths; every key when empty."""
+    default_mode: Optional[int] = Field(None, ge=0, le=0o777, alias="defaultMode")
+    """Mode of the files (0-0777)."""
+    optional: Optional[bool] = None
+    """Start the pod even if the Secret does not exist."""
+
+
+class ConfigMapVolumeSource(_Model):
+    """A ConfigMap of the namespace as files (the admission policy asks that the requester may get it)."""
+
+    name: DNSSubdomain
+    """The ConfigMap."""
+    items: list[KeyToPath] = Field(default_factory=list, max_length=32)
+    """Only these keys, at these paths; every key when empty."""
+    default_mode: Optional[int] = Field(None, ge=0, le=0o777, alias="defaultMode")
+    """Mode of the files (0-0777)."""
+    optional: Optional[bool] = None
+    """Start the pod even if the ConfigMap does not exist."""
+
+
+class ClaimVolumeSource(_Model):
+    """An existing PersistentVolumeClaim of the namespace (the admission policy asks that the requester may get it)."""
+
+    claim_name: DNSSubdomain = Field(..., alias="claimName")
+    """The claim."""
+    read_only: Optional[bool] = Field(None, alias="readOnly")
+    """Mount it read-only."""
+
+
+class EmptyDirVolumeSource(_Model):
+    """A scratch directory that lives as long as the pod."""
+
+    medium: Optional[Literal["", "Memory"]] = None
+    """"Memory" for a tmpfs (counted against the container's memory), else the node's disk."""
+    size_limit: Optional[ByteSize] = Field(None, alias="sizeLimit")
+    """Most it may hold."""
+
+
+class Volume(_Model):
+    """A volume of the pod, beside the operator's own (cache, home, dshm): a Secret, ConfigMap, existing claim or
+    scratch directory. Other kinds (hostPath, nfs, csi, ...) are not offered: what a pod may mount on a node is
+    the cluster's to grant, not a VLLMServer's."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("[has(self.emptyDir), has(self.secret), has(self.configMap), has(self.persistentVolumeClaim)]"
+            ".filter(x, x).size() == 1",
+            "set exactly one of emptyDir, secret, configMap, persistentVolumeClaim"),
+        cel("!(self.name in " + repr(list(OPERATOR_VOLUMES)) + ")",
+            "cache, home and dshm are the operator's own volumes; pick another name", ".name"),
+    ))
+
+    name: DNSLabel
+    """Volume name, for volumeMounts."""
+    empty_dir: Optional[EmptyDirVolumeSource] = Field(None, alias="emptyDir")
+    """A scratch directory."""
+    secret: Optional[SecretVolumeSource] = None
+    """A Secret's keys as files."""
+    config_map: Optional[ConfigMapVolumeSource] = Field(None, alias="configMap")
+    """A ConfigMap's keys as files."""
+    persistent_volume_claim: Optional[ClaimVolumeSource] = Field(None, alias="persistentVolumeClaim")
+    """An existing claim."""
+
+
+class VolumeMount(_Model):
+    """Where a container sees a volume (one of spec.volumes, or the operator's cache)."""
+
+    name: DNSLabel
+    """The volume (spec.volumes[].name, or cache: the Hugging Face cache)."""
+    mount_path: str = Field(..., min_length=2, max_length=1024, pattern=r"^/[^:]*$", alias="mountPath")
+    """Absolute path in the container."""
+    sub_path: Optional[str] = Field(None, min_length=1, max_length=1024, pattern=r"^[^/]", alias="subPath")
+    """A path inside the volume to mount instead of its root."""
+    read_only: Optional[bool] = Field(None, alias="readOnly")
+    """Mount it read-only."""
+
+
+class ContainerPort(_Model):
+    """A port a container listens on."""
+
+    name: Optional[Annotated[str, Field(min_length=1, max_length=15, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]] = None
+    """Port name (at most 15 characters)."""
+    container_port: int = Field(..., ge=1, le=65535, alias="containerPort")
+    """Port number."""
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    """Protocol."""
+
+
+class Container(_Model):
+    """An extra container of the pod. It runs as the pod's non-root user with the vLLM container's security
+    context (no privilege escalation, every capability dropped); adjust more through spec.podTemplatePatch."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!(self.name in " + repr(list(OPERATOR_CONTAINERS)) + ")",
+            "vllm and download are the operator's own containers; pick another name", ".name"),
+    ))
+
+    name: DNSLabel
+    """Container name."""
+    image: str = Field(..., min_length=1, max_length=1024)
+    """Container image."""
+    image_pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = Field(None, alias="imagePullPolicy")
+    """Image pull policy."""
+    command: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64)
+    """Entrypoint; the image's when empty."""
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=128)
+    """Arguments."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=32, json_schema_extra=_list_map("name"))
+    """Environment variables: a value, or a Secret key (the admission policy asks that the requester may get it)."""
+    ports: list[ContainerPort] = Field(default_factory=list, max_length=8,
+                                       json_schema_extra=_list_map("containerPort", "protocol"))
+    """Ports it listens on."""
+    resources: ResourceOverrides = Field(default_factory=ResourceOverrides)
+    """CPU and memory (no GPUs: those are the vLLM container's, from spec.gpu)."""
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=16, alias="volumeMounts",
+                                             json_schema_extra=_list_map("mountPath"))
+    """Volumes it mounts (spec.volumes, or cache)."""
+
+
 # --------------------------------------------------------------------------- spec
 class VLLMServerSpec(_Model):
     """Desired state of a vLLM server."""
@@ -647,6 +827,22 @@ class VLLMServerSpec(_Model):
     workload is applied)."""
     runtime_class_name: Optional[DNSSubdomain] = Field(None, alias="runtimeClassName")
     """RuntimeClass of the pods (e.g. "nvidia" where the NVIDIA container runtime is not the node's default)."""
+    volumes: list[Volume] = Field(default_factory=list, max_length=MAX_EXTRA_VOLUMES,
+                                  json_schema_extra=_list_map("name"))
+    """Extra volumes of the pods: Secrets, ConfigMaps, existing claims, scratch directories (docs/escape-hatches.md)."""
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=16, alias="volumeMounts",
+                                             json_schema_extra=_list_map("mountPath"))
+    """Extra mounts of spec.volumes in the vLLM container (not at /cache, /home/vllm or /dev/shm)."""
+    init_containers: list[Container] = Field(default_factory=list, max_length=MAX_EXTRA_CONTAINERS,
+                                             alias="initContainers", json_schema_extra=_list_map("name"))
+    """Containers that run to completion, in order, before vLLM starts (and before the model download)."""
+    sidecars: list[Container] = Field(default_factory=list, max_length=MAX_EXTRA_CONTAINERS,
+                                      json_schema_extra=_list_map("name"))
+    """Containers that run beside vLLM for the pod's whole life, as native sidecars (initContainers with
+    restartPolicy: Always): started before the model download and vLLM, stopped only after vLLM has drained."""
+    pod_template_patch: Optional[PodTemplatePatch] = Field(None, alias="podTemplatePatch")
+    """A strategic-merge patch of the pod template, applied after everything else and then checked like it
+    (docs/escape-hatches.md says what it may change)."""
     startup_seconds: Optional[int] = Field(None, ge=60, le=86400, alias="startupSeconds")
     """How long the startup probe waits for vLLM to load, instead of the time derived from the weights' size
     (for slow disks, or a torch.compile that takes longer here)."""

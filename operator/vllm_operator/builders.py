@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any, Optional
 
-from . import api, gpus
+from . import api, gpus, smp
 from .planner import GiB, Plan
 
 PORT = api.VLLM_PORT
@@ -112,13 +112,15 @@ def container_env(plan: Plan) -> list[dict[str, Any]]:
     if spec.hf_token_secret_ref is not None:
         ref = spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    for e in spec.engine.env:
-        if e.value_from is not None:
-            key_ref = e.value_from.secret_key_ref
-            env.append({"name": e.name, "valueFrom": {"secretKeyRef": {"name": key_ref.name, "key": key_ref.key}}})
-        else:
-            env.append({"name": e.name, "value": e.value})
+    env += [env_var(e) for e in spec.engine.env]
     return env
+
+
+def env_var(e: api.EnvVar) -> dict[str, Any]:
+    if e.value_from is not None:
+        ref = e.value_from.secret_key_ref
+        return {"name": e.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+    return {"name": e.name, "value": e.value}
 
 
 #: What the download init container runs: huggingface_hub (in every vLLM image) fetches the files vLLM reads
@@ -159,8 +161,7 @@ def download_container(plan: Plan, mounts: list[dict[str, Any]]) -> Optional[dic
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "4Gi"}},
         "volumeMounts": [m for m in mounts if m["name"] in ("cache", "home")],
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
@@ -218,8 +219,50 @@ def node_requirements_text(pod_spec: dict[str, Any]) -> str:
     return ", ".join(dict.fromkeys(parts))
 
 
+#: The security context of every container the operator writes (vLLM, the download, spec.initContainers and
+#: spec.sidecars): what Pod Security "restricted" asks of a container, with the pod's non-root user.
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def extra_container(container: api.Container, native_sidecar: bool = False) -> dict[str, Any]:
+    """One of spec.initContainers or spec.sidecars as a pod's container; a sidecar is a native one (an init
+    container with restartPolicy: Always, Kubernetes 1.29+): it starts before the next init container and vLLM,
+    and the kubelet stops it only after vLLM has exited, so it outlives vLLM's drain."""
+    out: dict[str, Any] = {"name": container.name, "image": container.image}
+    if native_sidecar:
+        out["restartPolicy"] = "Always"
+    if container.image_pull_policy:
+        out["imagePullPolicy"] = container.image_pull_policy
+    if container.command:
+        out["command"] = list(container.command)
+    if container.args:
+        out["args"] = list(container.args)
+    if container.env:
+        out["env"] = [env_var(e) for e in container.env]
+    if container.ports:
+        out["ports"] = [p.model_dump(by_alias=True, exclude_none=True) for p in container.ports]
+    resources = {k: dict(v) for k, v in (("requests", container.resources.requests),
+                                          ("limits", container.resources.limits)) if v}
+    if resources:
+        out["resources"] = resources
+    if container.volume_mounts:
+        out["volumeMounts"] = [m.model_dump(by_alias=True, exclude_none=True) for m in container.volume_mounts]
+    out["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    out["securityContext"] = copy.deepcopy(CONTAINER_SECURITY_CONTEXT)
+    return out
+
+
 def pod_template(plan: Plan) -> dict[str, Any]:
-    """The vLLM pod: image, derived args, GPUs, shared memory, cache, probes that never kill a loading model."""
+    """The pod template, with spec.podTemplatePatch applied last (hatches.problems checks the result before a
+    plan with a patch can be built)."""
+    base = base_pod_template(plan)
+    patch = plan.spec.pod_template_patch
+    return smp.apply(base, patch) if patch else base
+
+
+def base_pod_template(plan: Plan) -> dict[str, Any]:
+    """The vLLM pod: image, derived args, GPUs, shared memory, cache, probes that never kill a loading model;
+    the spec's extra volumes and containers."""
     spec = plan.spec
     mounts = [{"name": "cache", "mountPath": CACHE_MOUNT}, {"name": "home", "mountPath": HOME}]
     volumes: list[dict[str, Any]] = [{"name": "home", "emptyDir": {}}]
@@ -232,6 +275,9 @@ def pod_template(plan: Plan) -> dict[str, Any]:
     if spec.ipc == "SharedMemory":
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(plan.shm_bytes)}})
+    volumes += [{"name": v.name} | v.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
+                for v in spec.volumes]
+    extra_mounts = [m.model_dump(by_alias=True, exclude_none=True) for m in spec.volume_mounts]
 
     container: dict[str, Any] = {
         "name": "vllm",
@@ -240,7 +286,7 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "ports": [{"name": PORT_NAME, "containerPort": plan.port, "protocol": "TCP"}],
         "env": container_env(plan),
         "resources": container_resources(plan),
-        "volumeMounts": mounts,
+        "volumeMounts": mounts + extra_mounts,
         # A container that exits with an error leaves its last log lines (vLLM's traceback) in
         # lastState.terminated.message, which the reconciler quotes in the Degraded condition.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -251,8 +297,7 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "livenessProbe": _probe("/health", 20, 10, 6),
         # Let the endpoint leave the Services before vLLM stops taking requests (SIGTERM after the sleep).
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(plan.prestop_seconds)]}}},
-        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
@@ -273,9 +318,15 @@ def pod_template(plan: Plan) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(spec),
     }
+    # The spec's init containers first (they may prepare what the rest needs), then the native sidecars (a proxy
+    # the download goes through), then the download; vLLM after all of them.
+    init_containers = [extra_container(c) for c in spec.init_containers]
+    init_containers += [extra_container(c, native_sidecar=True) for c in spec.sidecars]
     download = download_container(plan, mounts)
     if download is not None:
-        pod_spec["initContainers"] = [download]
+        init_containers.append(download)
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     if spec.ipc == "Host":
@@ -490,7 +541,8 @@ def build_scaled_object(plan: Plan, owner: Optional[dict] = None) -> dict[str, A
 
 #: The largest object the operator applies, as JSON. etcd stores at most 1.5 MiB per object and the API server
 #: refuses a request above 2 MiB with a gRPC error (a 500 it would be retried on forever); a pod template copies
-#: engine.env and extraArgs, so a spec within the CRD's bounds can still build a workload past them.
+#: engine.env and extraArgs (and the extra containers and the patch), so a spec within the CRD's bounds can still
+#: build a workload past them.
 MAX_OBJECT_BYTES = 1_400_000
 
 
@@ -502,7 +554,8 @@ def oversized(objects: list[dict[str, Any]]) -> list[str]:
         if size > MAX_OBJECT_BYTES:
             out.append(f"spec: the {obj['kind']} {obj['metadata']['name']} would be {size:,} bytes, more than the "
                        f"{MAX_OBJECT_BYTES:,} the operator applies (etcd keeps at most 1.5 MiB per object): "
-                       "shorten spec.engine.env, spec.engine.extraArgs or spec.engine.chatTemplate")
+                       "shorten spec.engine.env, spec.engine.extraArgs, spec.engine.chatTemplate, the extra "
+                       "containers or spec.podTemplatePatch")
     return out
 
 

@@ -121,6 +121,8 @@ def select_gpu(gpu: api.GPUSpec) -> GPUSelection:
                       f"parallelism across slices (no peer-to-peer between MIG instances): set count: 1 and a "
                       f"bigger profile, or use whole GPUs")
     resource = MIG_RESOURCE_PREFIX + mig if mig and not single and gpu.label_convention != "GKE" else GPU_RESOURCE
+    if gpu.resource_name:  # a renamed device-plugin resource (nvidia.com/gpu.shared); the CRD keeps it off MIG
+        resource = gpu.resource_name
     if not gpu.product:
         return _without_product(draft, mig, resource)
     if match is None:

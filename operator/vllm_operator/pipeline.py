@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Union
 import pydantic
 import yaml
 
-from . import api, catalog, chattemplate, planner
+from . import api, catalog, chattemplate, hatches, planner
 from .urlpolicy import URLPolicy
 
 
@@ -224,4 +224,6 @@ def plan_server(
         plan.notes.append(f"{spec.model.name} looks like a quantized checkpoint of {base}, but model.quantization is "
                           "none: its weights were sized as 16-bit; set model.quantization (e.g. awq_marlin) to size "
                           "them right")
+    # Last: the final pod template (after spec.podTemplatePatch) is checked once everything else fits.
+    plan.problems.extend(hatches.problems(plan))
     return plan

@@ -35,6 +35,8 @@ class Violation:
     level: str
     field: str
     what: str
+    #: Where in the pod template's spec, e.g. containers[vllm].securityContext (for the final-template check).
+    path: str = ""
 
     def __str__(self) -> str:
         return f"{self.field} ({self.what})"
@@ -56,25 +58,30 @@ def violations(template_spec: dict[str, Any], level: Optional[str]) -> list[Viol
     return found
 
 
-def _containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+def _containers(spec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(path, container) of every container, init containers first."""
+    return [(f"{key}[{c.get('name')}]", c) for key in ("initContainers", "containers")
+            for c in spec.get(key) or [] if isinstance(c, dict)]
 
 
 def _baseline(spec: dict[str, Any]) -> list[Violation]:
-    out = [Violation("baseline", SPEC_FIELDS[key], f"{key}=true") for key in ("hostIPC", "hostNetwork", "hostPID")
+    out = [Violation("baseline", SPEC_FIELDS[key], f"{key}=true", key) for key in ("hostIPC", "hostNetwork", "hostPID")
            if spec.get(key)]
     for volume in spec.get("volumes") or []:
         if "hostPath" in volume:
-            out.append(Violation("baseline", f"volume {volume.get('name')}", "hostPath volumes"))
-    for c in _containers(spec):
+            out.append(Violation("baseline", f"volume {volume.get('name')}", "hostPath volumes",
+                                 f"volumes[{volume.get('name')}].hostPath"))
+    for path, c in _containers(spec):
         sc = c.get("securityContext") or {}
+        name = f"container {c.get('name')}"
         if sc.get("privileged"):
-            out.append(Violation("baseline", f"container {c.get('name')}", "privileged"))
+            out.append(Violation("baseline", name, "privileged", f"{path}.securityContext.privileged"))
         added = set((sc.get("capabilities") or {}).get("add") or []) - _BASELINE_CAPABILITIES
         if added:
-            out.append(Violation("baseline", f"container {c.get('name')}", f"capabilities {sorted(added)}"))
+            out.append(Violation("baseline", name, f"capabilities {sorted(added)}",
+                                 f"{path}.securityContext.capabilities.add"))
         if any(p.get("hostPort") for p in c.get("ports") or []) and not spec.get("hostNetwork"):
-            out.append(Violation("baseline", f"container {c.get('name')}", "hostPort"))
+            out.append(Violation("baseline", name, "hostPort", f"{path}.ports"))
     return out
 
 
@@ -84,24 +91,37 @@ def _restricted(spec: dict[str, Any]) -> list[Violation]:
     for volume in spec.get("volumes") or []:
         kinds = set(volume) - {"name"}
         if kinds - _RESTRICTED_VOLUMES and "hostPath" not in kinds:
-            out.append(Violation("restricted", f"volume {volume.get('name')}", f"{sorted(kinds)} volumes"))
-    for c in _containers(spec):
+            out.append(Violation("restricted", f"volume {volume.get('name')}", f"{sorted(kinds)} volumes",
+                                 f"volumes[{volume.get('name')}]"))
+    for path, c in _containers(spec):
         sc = c.get("securityContext") or {}
-        name = f"container {c.get('name')}"
+        name, at = f"container {c.get('name')}", f"{path}.securityContext"
         if sc.get("allowPrivilegeEscalation") is not False:
-            out.append(Violation("restricted", name, "allowPrivilegeEscalation must be false"))
+            out.append(Violation("restricted", name, "allowPrivilegeEscalation must be false",
+                                 f"{at}.allowPrivilegeEscalation"))
         if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
-            out.append(Violation("restricted", name, "capabilities must drop ALL"))
+            out.append(Violation("restricted", name, "capabilities must drop ALL", f"{at}.capabilities.drop"))
         if set((sc.get("capabilities") or {}).get("add") or []) - {"NET_BIND_SERVICE"}:
-            out.append(Violation("restricted", name, "only NET_BIND_SERVICE may be added"))
+            out.append(Violation("restricted", name, "only NET_BIND_SERVICE may be added", f"{at}.capabilities.add"))
         if not sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")):
-            out.append(Violation("restricted", name, "runAsNonRoot must be true"))
+            out.append(Violation("restricted", name, "runAsNonRoot must be true", f"{at}.runAsNonRoot"))
         if sc.get("runAsUser", pod_sc.get("runAsUser")) == 0:
-            out.append(Violation("restricted", name, "runAsUser must not be 0"))
+            out.append(Violation("restricted", name, "runAsUser must not be 0", f"{at}.runAsUser"))
         seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
         if seccomp not in ("RuntimeDefault", "Localhost"):
-            out.append(Violation("restricted", name, "seccompProfile must be RuntimeDefault or Localhost"))
+            out.append(Violation("restricted", name, "seccompProfile must be RuntimeDefault or Localhost",
+                                 f"{at}.seccompProfile"))
     return out
+
+
+def beyond_the_spec(template_spec: dict[str, Any], *, host_ipc: bool, host_network: bool) -> list[Violation]:
+    """What the operator never puts in a pod, whatever the namespace allows: everything Pod Security
+    "restricted" forbids, except the host IPC and network namespaces the VLLMServer asks for (spec.ipc: Host,
+    spec.hostNetwork). Every pod the operator builds passes this; it is checked again on the final template,
+    after spec.podTemplatePatch."""
+    granted = {"hostIPC"} if host_ipc else set()
+    granted |= {"hostNetwork"} if host_network else set()
+    return [v for v in violations(template_spec, "restricted") if v.path not in granted]
 
 
 def message(namespace: str, level: str, found: list[Violation]) -> str:

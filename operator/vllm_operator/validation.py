@@ -368,10 +368,10 @@ def resource_problems(spec: VLLMServerSpec) -> list[Problem]:
     """spec.resources and the sizes elsewhere: no GPU resource by hand, no negative quantity."""
     out = []
     gpu_resources = {k for k in [*spec.resources.requests, *spec.resources.limits]
-                     if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-")}
+                     if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-") or k == spec.gpu.resource_name}
     for key in sorted(gpu_resources):
-        out.append(Problem("spec.resources", f"{key} comes from spec.gpu (count, migProfile); remove it from "
-                           "resources"))
+        out.append(Problem("spec.resources", f"{key} comes from spec.gpu (count, migProfile, resourceName); remove it "
+                           "from resources"))
     sizes = [("spec.gpu.memory", spec.gpu.memory), ("spec.gpu.reservedMemory", spec.gpu.reserved_memory),
              ("spec.shmSize", spec.shm_size), ("spec.cache.size", spec.cache.size if spec.cache else None)]
     sizes += [(f"spec.resources.{side}.{k}", v) for side, values in (("requests", spec.resources.requests),
