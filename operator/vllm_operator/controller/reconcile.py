@@ -269,6 +269,8 @@ class Reconciler:
         return self.reconcile_body(body)
 
     def reconcile_body(self, body: dict[str, Any]) -> Result:
+        """Read the live status, plan, then either keep the last valid children (an invalid spec) or deploy the
+        planned ones; report the status (written when it changed) and post the Events."""
         run = self._read(body)
         self._plan(run)
         status = self._keep_last_valid(run) if run.errors else self._deploy(run)
