@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Self
 
 from pydantic import (
     AfterValidator,
@@ -659,7 +659,7 @@ class _Status(_Model):
         return data
 
     @classmethod
-    def from_live(cls, data: dict[str, Any]) -> Any:
+    def from_live(cls, data: dict[str, Any]) -> Self:
         """The model of a status (or part of one) read from the API server."""
         return cls.model_validate(data, context={"live": True})
 
