@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -149,3 +152,14 @@ def test_the_at_max_replicas_gauge_follows_the_decisions_and_survives_a_hold():
     result, gauge = tick(4.0)
     assert not result.decision.limited and gauge == 0
     metrics.forget_autoscaler("ns", "s")
+
+
+def test_the_autoscaler_does_not_import_the_reconciler():
+    """It shares the conditions helper (conditions.py) and the field ownership (ownership.py) with the
+    reconciler, not the reconciler itself: the reconciler imports autoscaler.ownership, so the other way round
+    would be a cycle."""
+    probe = ("import sys, vllm_operator.autoscaler.actuator; "
+             "print(sorted(m for m in sys.modules if m == 'vllm_operator.controller.reconcile'))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "[]"

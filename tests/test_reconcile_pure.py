@@ -7,7 +7,7 @@ import json
 
 from tests.harness.memory_world import NS, World
 from vllm_operator.controller.kube import ApiError
-from vllm_operator.conditions import condition, set_condition
+from vllm_operator.conditions import Conditions, condition
 from vllm_operator.controller.reconcile import HASH_ANNOTATION, is_subset, up_to_date, with_hash, workload_progress
 
 
@@ -29,13 +29,19 @@ def test_up_to_date_notices_removed_fields_through_the_hash():
 
 
 def test_condition_time_moves_only_on_status_change_and_order_is_kept():
-    c = set_condition([], "Ready", "False", "NoReplicasReady", "0/1", 1, "t1")
-    c = set_condition(c, "SpecValid", "True", "Planned", "ok", 1, "t1")
-    c2 = set_condition(c, "Ready", "False", "NoReplicasReady", "0/1", 2, "t2")
-    assert [x["type"] for x in c2] == ["Ready", "SpecValid"]
-    assert c2[0]["lastTransitionTime"] == "t1" and c2[0]["observedGeneration"] == 2
-    c3 = set_condition(c2, "Ready", "True", "AllReplicasReady", "1/1", 2, "t3")
-    assert c3[0]["lastTransitionTime"] == "t3"
+    c = Conditions([], 1, "t1")
+    c.set("Ready", "False", "NoReplicasReady", "0/1")
+    c.set("SpecValid", "True", "Planned", "ok")
+    c2 = Conditions([x.wire() for x in c.items], 2, "t2")
+    c2.set("Ready", "False", "NoReplicasReady", "0/1")
+    assert [x.type for x in c2.only(["SpecValid", "Ready"])] == ["Ready", "SpecValid"]
+    assert c2.items[0].wire() == {"type": "Ready", "status": "False", "reason": "NoReplicasReady", "message": "0/1",
+                                  "lastTransitionTime": "t1", "observedGeneration": 2}
+    c3 = Conditions([x.wire() for x in c2.items], 2, "t3")
+    c3.set("Ready", "True", "AllReplicasReady", "1/1")
+    assert c3.items[0].last_transition_time == "t3"
+    c3.remove("Ready")
+    assert [x.type for x in c3.items] == ["SpecValid"]
 
 
 def _conditions(world: World) -> dict[str, tuple[str, str, str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Self
 
 from pydantic import (
     AfterValidator,
@@ -18,7 +18,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     WithJsonSchema,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -863,13 +865,36 @@ class VLLMServerSpec(_Model):
 
 
 # --------------------------------------------------------------------------- status
-class Condition(_Model):
+class _Status(_Model):
+    """Base of the status models. The operator builds every status it writes from them and sends their `wire`
+    form, so a key they do not declare fails where the status is built (and in tests/test_status.py) instead of
+    being dropped by the API server. What a cluster holds is read with `from_live`, which keeps the declared keys
+    only: a status another version of the operator wrote may hold others."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_keys_of_live(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and info.context and info.context.get("live"):
+            declared = {f.alias or n for n, f in cls.model_fields.items()}
+            return {k: v for k, v in data.items() if k in declared}
+        return data
+
+    @classmethod
+    def from_live(cls, data: dict[str, Any]) -> Self:
+        """The model of a status (or part of one) read from the API server."""
+        return cls.model_validate(data, context={"live": True})
+
+    def wire(self) -> dict[str, Any]:
+        """As the API server has it: camelCase keys, unset fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class Condition(_Status):
     """A status condition (Kubernetes metav1.Condition)."""
 
-    model_config = ConfigDict(extra="ignore")
     type: str
-    """Condition type: SpecValid, Ready, Progressing, Degraded, ExternalScaler, PlanOutdated, ExtraArgsUnchecked
-    (the reconciler's); AutoscalingActive, AutoscalingLimited (the autoscaler's)."""
+    """Condition type: SpecValid, Ready, Progressing, Degraded, Stalled, Reconciling, ExternalScaler,
+    PlanOutdated, ExtraArgsUnchecked (the reconciler's); AutoscalingActive, AutoscalingLimited (the autoscaler's)."""
     status: Literal["True", "False", "Unknown"]
     """True, False or Unknown."""
     reason: str = ""
@@ -882,10 +907,9 @@ class Condition(_Model):
     """The spec generation this condition was computed from."""
 
 
-class PlanEstimates(_Model):
+class PlanEstimates(_Status):
     """The planner's estimates, per GPU unless said otherwise."""
 
-    model_config = ConfigDict(extra="ignore")
     tensor_parallel_size: Optional[int] = Field(None, alias="tensorParallelSize")
     """GPUs one server shards the model over."""
     gpu_memory_bytes: Optional[int] = Field(None, alias="gpuMemoryBytes")
@@ -912,10 +936,9 @@ class PlanEstimates(_Model):
     """Time allowed for the model to load before the startup probe gives up."""
 
 
-class PlanStatus(_Model):
+class PlanStatus(_Status):
     """What the planner derived, and why."""
 
-    model_config = ConfigDict(extra="ignore")
     args: list[str] = Field(default_factory=list)
     """The vLLM container args (after `vllm serve`)."""
     estimates: PlanEstimates = Field(default_factory=PlanEstimates)
@@ -926,10 +949,9 @@ class PlanStatus(_Model):
     """Where the model architecture came from (catalog, config.json, spec)."""
 
 
-class AutoscalingStatus(_Model):
+class AutoscalingStatus(_Status):
     """The autoscaler's last decision."""
 
-    model_config = ConfigDict(extra="ignore")
     metric_value: Optional[float] = Field(None, alias="metricValue")
     """Average vllm:num_requests_waiting per ready replica at the last decision."""
     waiting: Optional[float] = None
@@ -946,10 +968,9 @@ class AutoscalingStatus(_Model):
     """Why the autoscaler decided what it did."""
 
 
-class KVCapacityStatus(_Model):
+class KVCapacityStatus(_Status):
     """Plan vs reality: the KV cache the plan expected per replica beside what vLLM allocated."""
 
-    model_config = ConfigDict(extra="ignore")
     planned: Optional[int] = None
     """KV cache tokens per replica the plan estimated (status.plan.estimates.kvCacheTokens)."""
     measured: Optional[int] = None
@@ -962,17 +983,17 @@ class KVCapacityStatus(_Model):
     """Ready pods when it was measured."""
 
 
-class VLLMServerStatus(_Model):
+class VLLMServerStatus(_Status):
     """Observed state of a vLLM server."""
 
-    model_config = ConfigDict(extra="ignore")
     observed_generation: Optional[int] = Field(None, alias="observedGeneration")
     """The spec generation the operator last acted on."""
     conditions: list[Condition] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """SpecValid, Ready, Progressing, Degraded, ExternalScaler, AutoscalingActive, AutoscalingLimited."""
+    """SpecValid, Ready, Progressing, Degraded, Stalled, Reconciling, ExternalScaler, PlanOutdated,
+    AutoscalingActive, AutoscalingLimited."""
     replicas: Optional[int] = None
     """Pods the workload wants."""
     ready_replicas: Optional[int] = Field(None, alias="readyReplicas")

@@ -33,7 +33,7 @@ from .. import telemetry as operator_metrics
 from ..informers.cache import resource_version
 from ..controller.kube import Kube
 from ..urlpolicy import URLPolicy
-from ..conditions import set_condition
+from ..conditions import Conditions
 from . import policy
 from .metrics import MetricsSource, PodRef, PodsSource, PrometheusSource, Sample
 from .ownership import CONDITIONS, FIELD_MANAGER, clear_status, has_status, runs_operator_loop
@@ -326,57 +326,51 @@ class Autoscaler:
 
     # ---- status
     @staticmethod
-    def _status(decision: policy.Decision, samples: list[Sample], last_scale: Optional[str]) -> dict[str, Any]:
-        st: dict[str, Any] = {"desiredReplicas": decision.desired, "reason": decision.reason}
+    def _status(decision: policy.Decision, samples: list[Sample], last_scale: Optional[str]) -> api.AutoscalingStatus:
+        st = api.AutoscalingStatus(desired_replicas=decision.desired, reason=decision.reason,
+                                   last_scale_time=last_scale or None)
         ok = [s for s in samples if s.ok]
         if decision.metric_value is not None and not decision.hold:
-            st["metricValue"] = round(decision.metric_value, 3)
-            st["waiting"] = round(sum(s.waiting for s in ok), 3)
-            st["running"] = round(sum(s.running for s in ok), 3)
+            st.metric_value = round(decision.metric_value, 3)
+            st.waiting = round(sum(s.waiting for s in ok), 3)
+            st.running = round(sum(s.running for s in ok), 3)
             kv = [s.kv_cache_usage for s in ok if s.kv_cache_usage is not None]
             if kv:
-                st["kvCacheUsage"] = round(sum(kv) / len(kv), 4)
-        if last_scale:
-            st["lastScaleTime"] = last_scale
+                st.kv_cache_usage = round(sum(kv) / len(kv), 4)
         return st
 
     def _conditions(self, body: dict[str, Any], decision: Optional[policy.Decision], now: float,
-                    code: str, message: str) -> list[dict[str, Any]]:
-        live = list((body.get("status") or {}).get("conditions") or [])
-        gen = body["metadata"].get("generation")
-        stamp = _now_iso(now)
-        if decision is None or decision.hold:
-            conds = set_condition(live, ACTIVE, "False", code, message, gen, stamp)
-        else:
-            conds = set_condition(live, ACTIVE, "True", code, message, gen, stamp)
+                    code: str, message: str) -> list[api.Condition]:
+        conds = Conditions((body.get("status") or {}).get("conditions") or [], body["metadata"].get("generation"),
+                           _now_iso(now))
+        conds.set(ACTIVE, "False" if decision is None or decision.hold else "True", code, message)
         if decision is not None and not decision.hold:
             if decision.limited:
                 at = "AtMaxReplicas" if at_max_replicas(decision) else "AtMinReplicas"
-                conds = set_condition(conds, LIMITED, "True", at, decision.limit_reason, gen, stamp)
+                conds.set(LIMITED, "True", at, decision.limit_reason)
             else:
-                conds = set_condition(conds, LIMITED, "False", "WithinRange",
-                                      f"{decision.desired} replicas is within [minReplicas, maxReplicas]", gen, stamp)
+                conds.set(LIMITED, "False", "WithinRange",
+                          f"{decision.desired} replicas is within [minReplicas, maxReplicas]")
         # While holding, AutoscalingLimited keeps what it said (it is sent again as it is, so it stays).
-        return [c for c in conds if c["type"] in CONDITIONS]
+        return conds.only(CONDITIONS)
 
     def _report(self, body: dict[str, Any], decision: Optional[policy.Decision], now: float, code: str,
                 message: str) -> TickResult:
-        """Status when the loop cannot decide at all (invalid spec, no workload)."""
-        status = {"reason": message}
-        prior = (body.get("status") or {}).get("autoscaling") or {}
-        for key in ("desiredReplicas", "lastScaleTime"):
-            if key in prior:
-                status[key] = prior[key]
+        """Status when the loop cannot decide at all (invalid spec, no workload): the last decision's replicas
+        and scale time stay."""
+        prior = api.AutoscalingStatus.from_live((body.get("status") or {}).get("autoscaling") or {})
+        status = api.AutoscalingStatus(reason=message, desired_replicas=prior.desired_replicas,
+                                       last_scale_time=prior.last_scale_time)
         return TickResult(note=message, status_written=self._write(body, status, decision, now, "", code=code,
                                                                    message=message))
 
-    def _write(self, body: dict[str, Any], autoscaling: dict[str, Any], decision: Optional[policy.Decision],
+    def _write(self, body: dict[str, Any], autoscaling: api.AutoscalingStatus, decision: Optional[policy.Decision],
                now: float, described: str, code: str = "", message: str = "") -> bool:
         if decision is not None:
             code = decision.code
             message = decision.reason + (f" (metrics: {described})" if described else "")
         conditions = self._conditions(body, decision, now, code, message)
-        new = {"autoscaling": autoscaling, "conditions": conditions}
+        new = api.VLLMServerStatus(autoscaling=autoscaling, conditions=conditions).wire()
         live_status = body.get("status") or {}
         live = {"autoscaling": live_status.get("autoscaling") or {},
                 "conditions": [c for c in live_status.get("conditions") or [] if c.get("type") in CONDITIONS]}
@@ -391,7 +385,7 @@ class Autoscaler:
         if signature(new) == signature(live) and now - self._last_write_at < STATUS_REFRESH_SECONDS:
             return False  # only numbers moved: refresh later
         old_active = next((c for c in live["conditions"] if c["type"] == ACTIVE), None)
-        new_active = next((c for c in conditions if c["type"] == ACTIVE), None)
+        new_active = next((c for c in new["conditions"] if c["type"] == ACTIVE), None)
         meta = body["metadata"]
         answer = self.kube.apply({"apiVersion": api.API_VERSION, "kind": api.KIND,
                                   "metadata": {"name": meta["name"], "namespace": meta["namespace"]},

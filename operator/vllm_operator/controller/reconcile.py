@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import api, builders, catalog, pipeline, podsecurity
+from .. import api, builders, catalog, pipeline, planner, podsecurity
 from . import apierrors, events, failures, kvcapacity, replan
 from ..autoscaler import ownership
 from ..informers.cache import WatchedObjects
-from ..conditions import EXTRA_ARGS_UNCHECKED, condition, extra_args_unchecked, set_condition
+from ..conditions import EXTRA_ARGS_UNCHECKED, Conditions, condition, extra_args_unchecked
 from .kube import ApiError, Kube
 from ..urlpolicy import URLPolicy
 
@@ -46,6 +46,8 @@ NAME_CONFLICT = "NameConflict"
 #: Degraded reasons that mean "nothing new was applied": each gets a Warning Event when it appears or its message
 #: changes.
 BLOCKED_REASONS = (NAME_CONFLICT, apierrors.API_REJECTED)
+#: Status fields an invalid spec leaves as they are: what the last valid spec deployed still serves.
+KEPT_WHILE_INVALID = ("selector", "endpoint", "plan", "kvCapacity")
 
 
 def utcnow() -> str:
@@ -83,21 +85,17 @@ def up_to_date(want: dict[str, Any], live: Optional[dict[str, Any]]) -> bool:
     return is_subset(want, live)
 
 
-def kstatus_reconciling(conditions: list[dict], generation: Optional[int], now: str) -> list[dict]:
+def kstatus_reconciling(conditions: Conditions) -> None:
     """Reconciling=True while a rollout replaces pods that already serve (Ready=True and Progressing=True, the
     rollout's reason and message), absent otherwise. kstatus (Flux, kpt, cli-utils) knows no Progressing and reads
     Ready=True as Current: without it a rollout would pass Flux's health check before any pod runs the new spec.
     Ready=False already reads as InProgress with Ready's message (what keeps the replicas from serving), and
     Stalled=True (Failed) wins: kstatus takes whichever of the two comes first, so never both."""
-    def true(type_: str) -> Optional[dict]:
-        c = condition({"conditions": conditions}, type_)
-        return c if c is not None and c.get("status") == "True" else None
-
-    progressing = true("Progressing")
-    if progressing is None or true("Ready") is None or true("Stalled") is not None:
-        return [c for c in conditions if c.get("type") != "Reconciling"]
-    return set_condition(conditions, "Reconciling", "True", progressing["reason"], progressing["message"],
-                         generation, now)
+    progressing = conditions.true("Progressing")
+    if progressing is None or conditions.true("Ready") is None or conditions.true("Stalled") is not None:
+        conditions.remove("Reconciling")
+    else:
+        conditions.set("Reconciling", "True", progressing.reason, progressing.message)
 
 
 def own_status(status: dict[str, Any]) -> dict[str, Any]:
@@ -180,6 +178,45 @@ class Result:
 
 
 @dataclass
+class Pass:
+    """One reconcile of one server: what it read and what it has decided so far, handed from step to step."""
+
+    body: dict[str, Any]
+    status: dict[str, Any]
+    """The live status (a copy), compared with the new one at the end."""
+    conditions: Conditions
+    """The new status's conditions, at the server's generation and the reconcile's time."""
+    result: Result
+    spec: Optional[api.VLLMServerSpec] = None
+    plan: Optional[planner.Plan] = None
+    desired: list[dict[str, Any]] = field(default_factory=list)
+    """The children the plan wants, hashed (with_hash)."""
+    errors: list[str] = field(default_factory=list)
+    """Why the spec cannot be deployed; the SpecValid reason is `reason`."""
+    reason: str = "InvalidSpec"
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+    @property
+    def namespace(self) -> str:
+        return self.body["metadata"]["namespace"]
+
+    @property
+    def uid(self) -> str:
+        return self.body["metadata"]["uid"]
+
+    @property
+    def generation(self) -> Optional[int]:
+        return self.conditions.generation
+
+    @property
+    def now(self) -> str:
+        return self.conditions.now
+
+
+@dataclass
 class Reconciler:
     kube: Kube
     #: The Hub models outside the catalog are looked up on (hub.py); None: none.
@@ -235,156 +272,173 @@ class Reconciler:
         return self.reconcile_body(body)
 
     def reconcile_body(self, body: dict[str, Any]) -> Result:
-        meta = body["metadata"]
-        name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
-        status = json.loads(json.dumps(body.get("status") or {}))
-        result = Result()
-        now = self.clock()
-        conditions = list(status.get("conditions") or [])
+        """Read the live status, plan, then either keep the last valid children (an invalid spec) or deploy the
+        planned ones; report the status (written when it changed) and post the Events."""
+        run = self._read(body)
+        self._plan(run)
+        status = self._keep_last_valid(run) if run.errors else self._deploy(run)
+        self._report(run, status)
+        for type_, reason, message in run.result.events:
+            self.event(body, type_, reason, message)
+        return run.result
 
-        spec, errors = pipeline.parse_spec(body.get("spec") or {})
-        plan = None
-        reason = "InvalidSpec"
-        desired: list[dict[str, Any]] = []
-        if spec is not None:
-            kwargs = {"fetch": self.fetch_config} if self.fetch_config else {}
-            plan = pipeline.plan_server(name, namespace, spec, hf_endpoint=self.hf_endpoint,
+    # ---- the steps of one reconcile
+    def _read(self, body: dict[str, Any]) -> Pass:
+        """The server's live status (a copy: the body may be the watch cache's) and the time, taken once."""
+        meta = body["metadata"]
+        status = json.loads(json.dumps(body.get("status") or {}))
+        return Pass(body=body, status=status, result=Result(),
+                    conditions=Conditions(status.get("conditions") or [], meta.get("generation"), self.clock()))
+
+    def _plan(self, run: Pass) -> None:
+        """Spec -> plan -> the desired children (hashed), or the errors that keep them from being applied."""
+        spec, run.errors = pipeline.parse_spec(run.body.get("spec") or {})
+        if spec is None:
+            return
+        kwargs = {"fetch": self.fetch_config} if self.fetch_config else {}
+        run.spec = spec
+        run.plan = pipeline.plan_server(run.name, run.namespace, spec, hf_endpoint=self.hf_endpoint,
                                         hf_token=self.hf_token() if self.hf_endpoint else False,
                                         default_prometheus_url=self.prometheus_url,
-                                        allow_unsafe_args=api.allows_unsafe_args(meta), configs=self.configs,
-                                        urls=self.urls,
-                                        **kwargs)
-            errors = [str(p) for p in plan.problems]
-        if not errors:
-            assert plan is not None
-            desired = builders.build_all(plan, body)
-            replan.mark_requested(body, desired)
-            desired = [with_hash(o) for o in desired]
-            forbidden = self._pod_security(namespace, desired)
-            if forbidden:
-                errors, reason = [forbidden], "PodSecurityForbidden"
-            too_large = builders.oversized(desired)
-            if too_large:
-                errors = too_large
+                                        allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
+                                        configs=self.configs, urls=self.urls, **kwargs)
+        run.errors = [str(p) for p in run.plan.problems]
+        if run.errors:
+            return
+        desired = builders.build_all(run.plan, run.body)
+        replan.mark_requested(run.body, desired)
+        run.desired = [with_hash(o) for o in desired]
+        forbidden = self._pod_security(run.namespace, run.desired)
+        if forbidden:
+            run.errors, run.reason = [forbidden], "PodSecurityForbidden"
+        too_large = builders.oversized(run.desired)
+        if too_large:
+            run.errors = too_large
 
-        old_valid = condition(status, "SpecValid")
-        if errors:
-            result.valid = False
-            message = "; ".join(errors)
-            conditions = set_condition(conditions, "SpecValid", "False", reason, message, generation, now)
-            if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
-                result.events.append(("Warning", reason, message))
-            # Nothing new is applied: the children of the last valid spec keep serving.
-            live = self._live_children(namespace, name, meta["uid"])
+    def _keep_last_valid(self, run: Pass) -> api.VLLMServerStatus:
+        """An invalid spec: nothing new is applied, the children of the last valid spec keep serving, and the
+        status says why (SpecValid, Degraded and Stalled False/True with the reason)."""
+        run.result.valid = False
+        message = "; ".join(run.errors)
+        old_valid = condition(run.status, "SpecValid")
+        run.conditions.set("SpecValid", "False", run.reason, message)
+        if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
+            run.result.events.append(("Warning", run.reason, message))
+        live = self._live_children(run.namespace, run.name, run.uid)
+        workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+        progress = workload_progress(workload)
+        run.conditions.set("Degraded", "True", run.reason,
+                           "the spec cannot be deployed; the last valid version keeps running: " + message)
+        self._ready_conditions(run, progress, workload, stalled=True)
+        # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
+        # waiting out its timeout on Ready=False; present while the spec is invalid or Degraded is True.
+        run.conditions.set("Stalled", "True", run.reason, message)
+        kept = api.VLLMServerStatus.from_live({k: run.status[k] for k in KEPT_WHILE_INVALID if k in run.status})
+        return api.VLLMServerStatus(observed_generation=run.generation, replicas=progress["desired"],
+                                    ready_replicas=progress["ready"], selector=kept.selector,
+                                    endpoint=kept.endpoint, plan=kept.plan, kv_capacity=kept.kv_capacity)
+
+    def _deploy(self, run: Pass) -> api.VLLMServerStatus:
+        """A valid spec: apply what is not live yet, prune what is no longer wanted, and read how the workload and
+        its pods are doing."""
+        assert run.spec is not None and run.plan is not None
+        run.conditions.set("SpecValid", "True", "Planned", f"flags derived: {run.plan.max_model_len} tokens of "
+                           f"context, {run.plan.kv_cache_tokens} KV cache tokens per replica")
+        loose = extra_args_unchecked(run.conditions, run.plan.flags.warning() if run.plan.flags else None)
+        run.result.events += [loose] if loose else []
+        self._external_scaler(run)
+        live = self._live_children(run.namespace, run.name, run.uid)
+        taken = self._names_taken(run.desired, live, run.uid)
+        if taken:  # never adopted: apply nothing (and prune nothing); what was deployed keeps running
+            blocked: Optional[tuple[str, str]] = (NAME_CONFLICT, name_conflict_message(taken, run.name))
             workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
-            progress = workload_progress(workload)
-            conditions = set_condition(conditions, "Degraded", "True", reason,
-                                       "the spec cannot be deployed; the last valid version keeps running: " + message,
-                                       generation, now)
-            conditions = self._ready_conditions(conditions, progress, workload, generation, now, stalled=True)
-            # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
-            # waiting out its timeout on Ready=False; present while the spec is invalid or Degraded is True.
-            conditions = set_condition(conditions, "Stalled", "True", reason, message, generation, now)
-            kept = {k: status[k] for k in ("selector", "endpoint", "plan", "kvCapacity") if k in status}
-            new_status = {**kept, "observedGeneration": generation, "conditions": conditions,
-                          "replicas": progress["desired"], "readyReplicas": progress["ready"]}
         else:
-            assert spec is not None and plan is not None
-            conditions = set_condition(conditions, "SpecValid", "True", "Planned",
-                                       f"flags derived: {plan.max_model_len} tokens of context, "
-                                       f"{plan.kv_cache_tokens} KV cache tokens per replica", generation, now)
-            conditions, loose = extra_args_unchecked(conditions, plan.flags and plan.flags.warning(), generation, now)
-            result.events += [loose] if loose else []
-            conditions, desired = self._external_scaler(name, spec, desired, conditions, generation, now, result)
-            live = self._live_children(namespace, name, meta["uid"])
-            taken = self._names_taken(desired, live, meta["uid"])
-            if taken:  # never adopted: apply nothing (and prune nothing); what was deployed keeps running
-                blocked: Optional[tuple[str, str]] = (NAME_CONFLICT, name_conflict_message(taken, name))
-                workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
-            else:
-                workload, blocked = self._apply_children(body, spec, desired, live, result)
-            if blocked is None:
-                self._refused.pop((namespace, name), None)
-                self._prune(namespace, live, result)
-            if result.applied:
-                result.events.append(("Normal", "Applied", f"applied {', '.join(result.applied)}; vllm serve "
-                                      + " ".join(plan.args)))
-            progress = workload_progress(workload)
-            cached = self._cached()
-            pods = cached.pods(namespace, name) if cached else self.kube.list(
-                "v1", "Pod", namespace, label_selector=builders.selector_string(name))
-            trouble = self._trouble(namespace, workload, progress, pods, now)
-            degraded = ("True", *blocked) if blocked else degraded_condition(trouble)
-            conditions = set_condition(conditions, "Degraded", *degraded, generation, now)
-            if degraded[0] == "True":
-                # kstatus (Flux, kpt, cli-utils) knows no Degraded: Stalled=True makes it report the failure
-                # (a crash loop, an image it cannot pull, a name taken) instead of InProgress until its timeout.
-                # Updated in place, never dropped and re-added: its lastTransitionTime stays, a resync writes nothing.
-                conditions = set_condition(conditions, "Stalled", "True", degraded[1], degraded[2], generation, now)
-            else:
-                conditions = [c for c in conditions if c.get("type") != "Stalled"]
-            conditions = self._ready_conditions(conditions, progress, workload, generation, now, trouble=trouble,
-                                                blocked=blocked)
-            new_status = {
-                "observedGeneration": generation,
-                "conditions": conditions,
-                "replicas": progress["desired"],
-                "readyReplicas": progress["ready"],
-                "selector": builders.selector_string(name),
-                "endpoint": f"http://{name}.{namespace}.svc:{builders.PORT}/v1",
-                "plan": {k: v for k, v in plan.status().items() if v is not None},
-            }
-            if blocked and workload is None:  # nothing of ours serves: no endpoint to advertise (it may be theirs)
-                for key in ("selector", "endpoint"):
-                    new_status.pop(key)
-            conditions = self._plan_outdated(conditions, result.outdated, generation, now, result)
-            new_status["conditions"] = conditions
-            if result.outdated is not None and "plan" in status:
-                new_status["plan"] = status["plan"]  # the plan the running pods were deployed with
-            kv = self._kv_capacity(plan, pods, status.get("kvCapacity"), result)
-            if kv is not None:
-                new_status["kvCapacity"] = kv
+            workload, blocked = self._apply_children(run, live)
+        if blocked is None:
+            self._refused.pop((run.namespace, run.name), None)
+            self._prune(run.namespace, live, run.result)
+        if run.result.applied:
+            run.result.events.append(("Normal", "Applied", f"applied {', '.join(run.result.applied)}; vllm serve "
+                                      + " ".join(run.plan.args)))
+        progress = workload_progress(workload)
+        cached = self._cached()
+        pods = cached.pods(run.namespace, run.name) if cached else self.kube.list(
+            "v1", "Pod", run.namespace, label_selector=builders.selector_string(run.name))
+        trouble = self._trouble(run, workload, progress, pods)
+        self._health_conditions(run, progress, workload, trouble, blocked)
+        self._plan_outdated(run)
+        serves = not (blocked and workload is None)  # nothing of ours serves: no endpoint to advertise (it may be theirs)
+        plan = api.PlanStatus.model_validate(run.plan.status())
+        if run.result.outdated is not None and "plan" in run.status:
+            plan = api.PlanStatus.from_live(run.status["plan"])  # the plan the running pods were deployed with
+        return api.VLLMServerStatus(
+            observed_generation=run.generation, replicas=progress["desired"], ready_replicas=progress["ready"],
+            selector=builders.selector_string(run.name) if serves else None,
+            endpoint=f"http://{run.name}.{run.namespace}.svc:{builders.PORT}/v1" if serves else None,
+            plan=plan, kv_capacity=self._kv_capacity(run, pods))
 
-        new_status["conditions"] = kstatus_reconciling(new_status["conditions"], generation, now)
-        new_status["conditions"] = [c for c in new_status["conditions"] if c["type"] in OWN_CONDITIONS]
+    def _report(self, run: Pass, status: api.VLLMServerStatus) -> None:
+        """The conditions this reconciler owns into the status, which is written when it changed; the Events of
+        Ready and Degraded transitions; the autoscaler's status cleared when autoscaling is off."""
+        kstatus_reconciling(run.conditions)
+        status.conditions = run.conditions.only(OWN_CONDITIONS)
+        new_status = status.wire()
+        result = run.result
         ready_condition = condition(new_status, "Ready")
         result.ready = ready_condition is not None and ready_condition["status"] == "True"
         result.replicas, result.ready_replicas = new_status["replicas"], new_status["readyReplicas"]
-        self._transition_events(status, new_status["conditions"], result)
-        if new_status != own_status(status):
+        self._transition_events(run.status, new_status["conditions"], result)
+        if new_status != own_status(run.status):
             if log.isEnabledFor(logging.DEBUG):
-                old_own = own_status(status)
-                log.debug("status of %s/%s changed: %s", namespace, name,
+                old_own = own_status(run.status)
+                log.debug("status of %s/%s changed: %s", run.namespace, run.name,
                           sorted(k for k in new_status if new_status.get(k) != old_own.get(k)))
-            self.write_status(body, new_status)
+            self.write_status(run.body, new_status)
             result.status_written = True
-        if not ownership.runs_operator_loop(body.get("spec")) and ownership.has_status(status):
-            ownership.clear_status(self.kube, body)  # autoscaling is off: its last decision no longer applies
-        for type_, reason, message in result.events:
-            self.event(body, type_, reason, message)
-        return result
+        if not ownership.runs_operator_loop(run.body.get("spec")) and ownership.has_status(run.status):
+            ownership.clear_status(self.kube, run.body)  # autoscaling is off: its last decision no longer applies
+
     # ---- pieces
-    def _plan_outdated(self, conditions, outdated, generation, now, result):
+    def _health_conditions(self, run: Pass, progress: dict[str, Any], workload: Optional[dict[str, Any]],
+                           trouble: Optional[failures.Failure], blocked: Optional[tuple[str, str]]) -> None:
+        """Degraded (and Stalled with it), then Ready and Progressing."""
+        degraded = ("True", *blocked) if blocked else degraded_condition(trouble)
+        run.conditions.set("Degraded", *degraded)
+        if degraded[0] == "True":
+            # kstatus (Flux, kpt, cli-utils) knows no Degraded: Stalled=True makes it report the failure
+            # (a crash loop, an image it cannot pull, a name taken) instead of InProgress until its timeout.
+            # Updated in place, never dropped and re-added: its lastTransitionTime stays, a resync writes nothing.
+            run.conditions.set("Stalled", "True", degraded[1], degraded[2])
+        else:
+            run.conditions.remove("Stalled")
+        self._ready_conditions(run, progress, workload, trouble=trouble, blocked=blocked)
+
+    def _plan_outdated(self, run: Pass) -> None:
         """PlanOutdated=True naming what a re-plan would change, while the workload keeps its plan (replan.py)."""
-        if outdated is None:
-            return [c for c in conditions if c.get("type") != "PlanOutdated"]
-        message = replan.message(outdated)
-        old = condition({"conditions": conditions}, "PlanOutdated")
-        if old is None or old.get("message") != message:
-            result.events.append(("Normal", "PlanOutdated", message))
-        return set_condition(conditions, "PlanOutdated", "True", "PlanChanged", message, generation, now)
-    def _kv_capacity(self, plan: Any, pods: list[dict[str, Any]], previous: Optional[dict[str, Any]],
-                     result: Result) -> Optional[dict[str, Any]]:
+        if run.result.outdated is None:
+            run.conditions.remove("PlanOutdated")
+            return
+        message = replan.message(run.result.outdated)
+        old = run.conditions.get("PlanOutdated")
+        if old is None or old.message != message:
+            run.result.events.append(("Normal", "PlanOutdated", message))
+        run.conditions.set("PlanOutdated", "True", "PlanChanged", message)
+
+    def _kv_capacity(self, run: Pass, pods: list[dict[str, Any]]) -> Optional[api.KVCapacityStatus]:
         """status.kvCapacity (the plan's KV cache tokens beside what vLLM allocated on the ready pods) and a
         Warning event when the measurement falls materially below the plan."""
         if self.kv_capacity is None:
             return None
+        assert run.plan is not None
+        plan, previous, result = run.plan, run.status.get("kvCapacity"), run.result
         refs = kvcapacity.ready_pods(pods)
         kv = kvcapacity.status(plan.kv_cache_tokens, self.kv_capacity.measure(refs), len(refs), previous)
         if kvcapacity.below_plan(kv) and not kvcapacity.below_plan(previous):
             assert kv is not None
             result.events.append(("Warning", kvcapacity.EVENT_REASON, kvcapacity.warning(kv)))
-        return kv
+        if kv is None:
+            return None
+        return api.KVCapacityStatus.from_live(kv) if kv is previous else api.KVCapacityStatus.model_validate(kv)
 
     def _names_taken(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
                      uid: str) -> list[dict[str, Any]]:
@@ -401,16 +455,17 @@ class Reconciler:
                 taken.append(existing)
         return taken
 
-    def _apply_children(self, body: dict[str, Any], spec: api.VLLMServerSpec, desired: list[dict[str, Any]],
-                        live: dict[tuple[str, str], dict[str, Any]],
-                        result: Result) -> tuple[Optional[dict[str, Any]], Optional[tuple[str, str]]]:
+    def _apply_children(self, run: Pass, live: dict[tuple[str, str], dict[str, Any]]
+                        ) -> tuple[Optional[dict[str, Any]], Optional[tuple[str, str]]]:
         """Apply what is not live yet, in order; the workload as applied (or live), and (reason, message) when the
         API server refused a child (the later ones are not sent). Seen children are removed from `live`: what
         stays there is no longer wanted."""
+        body, spec, result = run.body, run.spec, run.result
+        assert spec is not None
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         workload = None
-        for obj in desired:
+        for obj in run.desired:
             current = live.pop((obj["kind"], obj["metadata"]["name"]), None)
             if up_to_date(obj, current):
                 applied = current
@@ -503,14 +558,16 @@ class Reconciler:
         a = spec.autoscaling
         ownership.adopt_replicas(self.kube, sts, a.min_replicas, a.max_replicas, self.kube.field_manager)
 
-    def _external_scaler(self, name, spec, desired, conditions, generation, now, result):
-        """The ExternalScaler condition for autoscaling.mode HPA/KEDA; a ScaledObject is left out
-        (and said so) when the cluster has no KEDA."""
-        a = spec.autoscaling
-        mode = a.mode if a.enabled and spec.workload == "StatefulSet" else None
+    def _external_scaler(self, run: Pass) -> None:
+        """The ExternalScaler condition for autoscaling.mode HPA/KEDA; a ScaledObject is left out of the desired
+        children (and said so) when the cluster has no KEDA."""
+        assert run.spec is not None
+        a, name = run.spec.autoscaling, run.name
+        mode = a.mode if a.enabled and run.spec.workload == "StatefulSet" else None
         if mode not in ("HPA", "KEDA"):
-            return [c for c in conditions if c.get("type") != "ExternalScaler"], desired
-        old = condition({"conditions": conditions}, "ExternalScaler")
+            run.conditions.remove("ExternalScaler")
+            return
+        old = run.conditions.get("ExternalScaler")
         target = builders.scaler_quantity(a.target_waiting_per_replica)
         if mode == "HPA":
             cond = ("True", "HPAApplied", f"HorizontalPodAutoscaler {name} (autoscaling/v2) "
@@ -520,38 +577,41 @@ class Reconciler:
             cond = ("True", "ScaledObjectApplied", f"ScaledObject {name} ({KEDA_API_VERSION}) scales "
                     f"the StatefulSet on {builders.QUEUE_METRIC} from Prometheus, {target} per replica")
         else:
-            desired = [o for o in desired if o["kind"] != "ScaledObject"]
+            run.desired = [o for o in run.desired if o["kind"] != "ScaledObject"]
             cond = ("False", "KEDANotInstalled", f"autoscaling.mode KEDA, but this cluster does not serve "
                     f"{KEDA_API_VERSION} ScaledObjects: install KEDA or use mode: Operator. No ScaledObject is "
                     "applied; the replicas stay where they are")
-            if old is None or old.get("reason") != "KEDANotInstalled":
-                result.events.append(("Warning", "KEDANotInstalled", cond[2]))
-        return set_condition(conditions, "ExternalScaler", *cond, generation, now), desired
+            if old is None or old.reason != "KEDANotInstalled":
+                run.result.events.append(("Warning", "KEDANotInstalled", cond[2]))
+        run.conditions.set("ExternalScaler", *cond)
 
-    def _trouble(self, namespace: str, workload: Optional[dict[str, Any]], progress: dict[str, Any],
-                 pods: list[dict[str, Any]], now: str) -> Optional[failures.Failure]:
+    def _trouble(self, run: Pass, workload: Optional[dict[str, Any]], progress: dict[str, Any],
+                 pods: list[dict[str, Any]]) -> Optional[failures.Failure]:
         """Why pods do not serve (failures.classify), with the Events of the workload and its pods while a
         replica is missing: a healthy server costs no request."""
         found: list[dict[str, Any]] = []
         if self.events_of is not None and workload is not None and progress["ready"] < progress["desired"]:
             try:
-                found = self.events_of(namespace, [workload, *pods])
+                found = self.events_of(run.namespace, [workload, *pods])
             except ApiError as e:
-                log.warning("could not read the Events of %s/%s: %s", namespace, workload["metadata"]["name"], e)
-        return failures.classify(pods, found, workload=workload, now=now)
+                log.warning("could not read the Events of %s/%s: %s", run.namespace, workload["metadata"]["name"], e)
+        return failures.classify(pods, found, workload=workload, now=run.now)
 
-    def _ready_conditions(self, conditions, progress, workload, generation, now, stalled=False, trouble=None,
-                          blocked=None):
+    def _ready_conditions(self, run: Pass, progress: dict[str, Any], workload: Optional[dict[str, Any]],
+                          stalled: bool = False, trouble: Optional[failures.Failure] = None,
+                          blocked: Optional[tuple[str, str]] = None) -> None:
+        """Ready (are the replicas serving, and if not, why) and Progressing (is the workload rolling out)."""
+        conditions = run.conditions
         desired, ready = progress["desired"], progress["ready"]
         if workload is None and blocked is not None:  # nothing applied: a name conflict or a refused apply
-            conditions = set_condition(conditions, "Ready", "False", *blocked, generation, now)
-            return set_condition(conditions, "Progressing", "False", *blocked, generation, now)
+            conditions.set("Ready", "False", *blocked)
+            conditions.set("Progressing", "False", *blocked)
+            return
         if workload is None:
-            conditions = set_condition(conditions, "Ready", "False", "NoWorkload", "no workload has been created",
-                                       generation, now)
-            return set_condition(conditions, "Progressing", "False" if stalled else "True",
-                                 "InvalidSpec" if stalled else "Creating", "waiting for a valid spec" if stalled
-                                 else "creating the workload", generation, now)
+            conditions.set("Ready", "False", "NoWorkload", "no workload has been created")
+            conditions.set("Progressing", "False" if stalled else "True", "InvalidSpec" if stalled else "Creating",
+                           "waiting for a valid spec" if stalled else "creating the workload")
+            return
         if desired == 0 and workload["kind"] == "DaemonSet":
             # A DaemonSet's count is the nodes it matches: zero is not a choice but a cluster that has
             # no such node (a GPU product label that no node carries, a taint not tolerated).
@@ -573,13 +633,13 @@ class Reconciler:
             ready_c = ("False", trouble.reason, f"0/{desired} replicas ready: {trouble.message}")
         else:
             ready_c = ("False", "NoReplicasReady", f"0/{desired} replicas ready (models load for minutes)")
-        conditions = set_condition(conditions, "Ready", *ready_c, generation, now)
+        conditions.set("Ready", *ready_c)
         if progress["settled"]:
             prog = ("False", "Stable", f"{workload['kind']} is up to date")
         else:
             prog = ("True", "RollingOut", f"{workload['kind']}: {progress['updated']}/{desired} updated, "
                     f"{ready}/{desired} ready")
-        return set_condition(conditions, "Progressing", *prog, generation, now)
+        conditions.set("Progressing", *prog)
 
     def _transition_events(self, old_status: dict, conditions: list[dict], result: Result) -> None:
         """An Event when Ready changes, and one when pods start failing or fail for another reason (the
