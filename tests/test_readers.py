@@ -234,3 +234,29 @@ def test_the_operator_reads_what_its_handlers_were_given():
     with pytest.raises(kopf.TemporaryError):
         op.on_child(svc, {"type": "MODIFIED"}, logging.getLogger("test"), **indices)
     assert op.objects.server("ns", "srv")["metadata"]["uid"] == "u1"
+
+
+# ---- every handler on one registry, none at import
+def handler_ids(registry: kopf.OperatorRegistry) -> dict[str, list[str]]:
+    """The handler ids on a registry by what they do (kopf's registries have no public listing of them)."""
+    parts = {"activities": registry._activities, "indexing": registry._indexing, "watching": registry._watching,
+             "spawning": registry._spawning, "changing": registry._changing}
+    return {k: sorted(str(h.id) for h in part.get_all_handlers()) for k, part in parts.items()}
+
+
+def test_importing_the_operator_registers_nothing_and_one_function_registers_everything():
+    default = handler_ids(kopf.get_default_registry())
+    assert not any("on_change" in i or "on_timer" in i or "autoscaler" in i or i == "configure"
+                   for ids in default.values() for i in ids), default
+    op = operator_main.Operator(World().reconciler)
+    op.scaling = object()  # type: ignore[assignment] - only its presence matters to the registration
+    registry = kopf.OperatorRegistry()
+    operator_main.register_handlers(registry, op, resync_seconds=30, connection_limit=50)
+    ids = handler_ids(registry)
+    assert ids["changing"] == ["on_change", "on_change", "on_change"]  # resume, create, update
+    assert ids["spawning"] == ["autoscaler", "on_timer"]  # kopf keeps timers with daemons
+    assert ids["watching"] == ["on_child/daemonsets", "on_child/services", "on_child/statefulsets"]
+    assert set(ids["indexing"]) == {cache.SERVERS_INDEX, cache.CHILDREN_INDEX, cache.PODS_INDEX}
+    assert len(ids["indexing"]) == 2 + len(op.reconciler.managed_kinds())
+    assert {"configure", "watch_event_loop"} <= set(ids["activities"])
+    assert handler_ids(kopf.get_default_registry()) == default
