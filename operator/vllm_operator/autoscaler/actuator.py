@@ -31,7 +31,7 @@ from .. import api, builders, pipeline, planner
 from ..controller import events, kvcapacity
 from .. import telemetry as operator_metrics
 from ..informers.cache import resource_version
-from ..informers.reader import DirectReader, Reader
+from ..informers.reader import DirectReader, Reader, controlled_by
 from ..controller.kube import Kube
 from ..urlpolicy import URLPolicy
 from ..conditions import set_condition
@@ -257,7 +257,7 @@ class Autoscaler:
             self._uncached = (now, sts)
         if sts is None or sts["metadata"].get("deletionTimestamp"):
             return self._report(body, None, now, "NoWorkload", "the StatefulSet does not exist yet")
-        if not any(o.get("uid") == uid and o.get("controller") for o in sts["metadata"].get("ownerReferences") or []):
+        if not controlled_by(sts, uid):
             return self._report(body, None, now, "NoWorkload",
                                 f"StatefulSet {self.name} is not controlled by this VLLMServer; not touching it")
         current = (sts.get("spec") or {}).get("replicas", 1)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from .. import api, builders, catalog, pipeline, podsecurity
 from . import apierrors, events, failures, kvcapacity, replan
 from ..autoscaler import ownership
-from ..informers.reader import DirectReader, Reader
+from ..informers.reader import DirectReader, Reader, controlled_by
 from ..conditions import condition, set_condition
 from .kube import ApiError, Kube
 from ..urlpolicy import URLPolicy
@@ -116,11 +116,6 @@ def degraded_condition(trouble: Optional[failures.Failure]) -> tuple[str, str, s
     if trouble is None or trouble.waiting:
         return "False", "AsExpected", "no pod is failing"
     return "True", trouble.reason, trouble.message
-
-
-def controlled_by(obj: dict[str, Any], uid: str) -> bool:
-    """Whether the object's controller ownerReference names the VLLMServer with this uid."""
-    return any(o.get("uid") == uid and o.get("controller") for o in obj["metadata"].get("ownerReferences") or [])
 
 
 def name_conflict_message(taken: list[dict[str, Any]], server: str) -> str:

@@ -39,7 +39,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from .. import api, builders
-from .reader import Children, Kind, NotSynced, ReadFailed
+from .reader import Children, Kind, NotSynced, ReadFailed, controlled_by
 
 #: kopf index ids (handler ids in kopfindex.py): the kwargs of every handler carry them.
 SERVERS_INDEX = "vllm_servers"
@@ -347,7 +347,7 @@ class WatchedObjects:
             merged = self._merge(owner, key, watched.get(key), written.get(key))
             if merged is None:
                 continue
-            if any(o.get("uid") == uid and o.get("controller") for o in merged["metadata"].get("ownerReferences") or []):
+            if controlled_by(merged, uid):
                 out[key] = merged
         return out
 
