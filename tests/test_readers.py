@@ -173,7 +173,7 @@ def test_the_direct_reader_skips_a_kind_the_cluster_does_not_serve_and_raises_ot
 class Failing:
     """A reader whose copy cannot be read."""
 
-    def server(self, namespace, name):
+    def server(self, *args, **kwargs):
         raise ReadFailed("the copy changed during 5 attempts at reading it")
 
     children = pods = server
@@ -260,3 +260,21 @@ def test_importing_the_operator_registers_nothing_and_one_function_registers_eve
     assert len(ids["indexing"]) == 2 + len(op.reconciler.managed_kinds())
     assert {"configure", "watch_event_loop"} <= set(ids["activities"])
     assert handler_ids(kopf.get_default_registry()) == default
+
+
+def test_an_autoscaler_tick_that_cannot_read_raises_and_reports_nothing():
+    """Before, an empty copy read as "the StatefulSet does not exist yet" and wrote that into the status."""
+    import json
+
+    import yaml
+
+    from tests.test_autoscaler_actuator import ROOT, FakeKube
+    from vllm_operator.autoscaler import actuator
+
+    body = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())
+    body["metadata"] = {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "5"}
+    kube = FakeKube(body)
+    scaler = actuator.Autoscaler(kube, actuator.Sources(), "ns", "s", clock=lambda: 1000.0, reader=Failing())
+    with pytest.raises(ReadFailed):
+        scaler.tick(json.loads(json.dumps(body)))
+    assert kube.status_applies == 0
