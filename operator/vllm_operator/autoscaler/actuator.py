@@ -54,6 +54,7 @@ UNCACHED_GET_SECONDS = 30.0
 MISSING_POD_GRACE_SECONDS = 60.0
 #: Startup budget of a pod without a startup probe.
 DEFAULT_STARTUP_SECONDS = 600.0
+#: The one kind of child a tick reads: only a StatefulSet is autoscaled.
 STATEFULSET = ("apps/v1", "StatefulSet")
 
 
