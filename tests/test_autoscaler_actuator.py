@@ -27,6 +27,9 @@ class FakeKube:
     def get(self, *args, **kwargs):
         return None
 
+    def list(self, *args, **kwargs):
+        return []
+
     def apply(self, obj, *, subresource=None, field_manager=None):
         assert subresource == "status"
         self.status_applies += 1
@@ -63,14 +66,12 @@ def test_a_lagging_body_does_not_make_every_tick_write_the_same_status_again():
 
 
 class EmptyCache:
-    """The reconciler's cache, ready, holding no StatefulSet and no pods for the server yet."""
-
-    ready = True
+    """The reconciler's reader, holding no StatefulSet and no pods for the server yet."""
 
     def __init__(self):
         self.sts = None
 
-    def children(self, namespace, name, uid):
+    def children(self, namespace, name, uid, kinds=None):
         return {("StatefulSet", name): self.sts} if self.sts else {}
 
     def pods(self, namespace, name):
@@ -92,7 +93,7 @@ def test_a_statefulset_missing_from_the_cache_is_asked_for_at_most_every_30_seco
     body["metadata"] = {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "5"}
     kube, cache = CountingKube(body), EmptyCache()
     clock = [1000.0]
-    scaler = actuator.Autoscaler(kube, actuator.Sources(), "ns", "s", clock=lambda: clock[0], objects=cache)
+    scaler = actuator.Autoscaler(kube, actuator.Sources(), "ns", "s", clock=lambda: clock[0], reader=cache)
     for _ in range(6):  # 25 s of 5 s ticks
         assert scaler.tick(json.loads(json.dumps(body))).note == "the StatefulSet does not exist yet"
         clock[0] += 5
@@ -136,7 +137,7 @@ def test_the_at_max_replicas_gauge_follows_the_decisions_and_survives_a_hold():
     source = ScriptedSource()
     clock = [1000.0]
     scaler = actuator.Autoscaler(FakeKube(body), actuator.Sources(pods=source), "ns", "s", clock=lambda: clock[0],
-                                 objects=cache)
+                                 reader=cache)
 
     def tick(waiting):
         source.waiting = waiting

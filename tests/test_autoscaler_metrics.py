@@ -192,7 +192,7 @@ def test_has_status():
 
 
 def test_daemon_filter():
-    f = actuator.runs_operator_loop
+    f = ownership.runs_operator_loop
     assert f({"autoscaling": {"enabled": True}})
     assert f({"autoscaling": {"enabled": True, "mode": "Operator"}, "workload": "StatefulSet"})
     assert not f({"autoscaling": {"enabled": True, "mode": "HPA"}})

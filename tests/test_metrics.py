@@ -57,12 +57,12 @@ def test_every_reconcile_result_is_a_series_before_it_happens():
         assert f'vllm_operator_reconciles_total{{result="{result}"}}' in body
 
 
-def test_server_gauges_follow_the_reconciles_and_go_with_the_server(monkeypatch):
+def test_server_gauges_follow_the_reconciles_and_go_with_the_server():
     from tests.harness.memory_world import NS, World
     from vllm_operator import operator_main
 
     world = World({"replicas": 2})
-    monkeypatch.setattr(operator_main.STATE, "reconciler", world.reconciler)
+    op = operator_main.Operator(world.reconciler)
     labels = {"namespace": NS, "name": "srv"}
     log = logging.getLogger("test")
 
@@ -70,16 +70,16 @@ def test_server_gauges_follow_the_reconciles_and_go_with_the_server(monkeypatch)
         return tuple(metrics.REGISTRY.get_sample_value(f"vllm_operator_server_{g}", labels)
                      for g in ("ready", "replicas", "ready_replicas"))
 
-    operator_main.reconcile(NS, "srv", log)
+    op.reconcile(NS, "srv", log)
     assert gauges() == (0, 2, 0)
     world.workload_reports(ready=1)
-    operator_main.reconcile(NS, "srv", log)
+    op.reconcile(NS, "srv", log)
     assert gauges() == (0, 2, 1)  # PartiallyReady is not Ready
     world.workload_reports(ready=2)
-    operator_main.reconcile(NS, "srv", log)
+    op.reconcile(NS, "srv", log)
     assert gauges() == (1, 2, 2)
     del world.kube.objects[("VLLMServer", NS, "srv")]
-    operator_main.reconcile(NS, "srv", log)
+    op.reconcile(NS, "srv", log)
     assert gauges() == (None, None, None)
 
 

@@ -161,14 +161,12 @@ def test_a_non_finite_value_from_prometheus_fails_that_pod():
 
 # --------------------------------------------------------------------------- what reaches the status
 class _Pods:
-    """The reconciler's cache with the server's StatefulSet and one ready pod at `port`."""
-
-    ready = True
+    """The reconciler's reader with the server's StatefulSet and one ready pod at `port`."""
 
     def __init__(self, port: int):
         self.port = port
 
-    def children(self, namespace, name, uid):
+    def children(self, namespace, name, uid, kinds=None):
         return {("StatefulSet", name): {"apiVersion": "apps/v1", "kind": "StatefulSet", "spec": {"replicas": 1},
                                         "metadata": {"name": name, "namespace": namespace,
                                                      "ownerReferences": [{"uid": uid, "controller": True}]}}}
@@ -200,7 +198,7 @@ def test_nothing_a_pod_answers_reaches_the_status_or_an_event(routes):
     with HostileServer(routes) as pod:
         kube = _RecordingKube(body)
         scaler = actuator.Autoscaler(kube, actuator.Sources(), "ns", "s", clock=lambda: 1000.0,
-                                     objects=_Pods(pod.port))
+                                     reader=_Pods(pod.port))
         result = scaler.tick(json.loads(json.dumps(body)))
     assert result.decision is not None and result.decision.hold
     written = json.dumps([kube.body["status"], kube.events])

@@ -3,6 +3,8 @@
 Create/update/resume of a VLLMServer, a periodic timer, and events of its children
 (a StatefulSet whose pods became ready, a Service deleted by hand) all end in
 `Reconciler.reconcile(namespace, name)`, which reads the current state and converges.
+No module-level state: `run()` builds one `Operator` (what the handlers share) and
+`register_handlers` puts every handler on one kopf registry.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import kopf
@@ -22,10 +25,11 @@ from kubernetes import config as k8s_config
 
 from . import api, builders, hub, telemetry
 from .controller import apierrors, apisession, events, replan
-from .informers import cache
+from .informers import cache, kopfindex
+from .informers.reader import ReadFailed
 from .kopfext import peering, persistence, toggles
-from .autoscaler import actuator
-from .controller.kube import PLURALS, ApiError, Kube, path_for
+from .autoscaler import actuator, ownership
+from .controller.kube import ApiError, Kube
 from .controller.reconcile import Reconciler
 from .urlpolicy import URLPolicy
 
@@ -33,26 +37,7 @@ log = logging.getLogger("vllm_operator")
 
 FINALIZER = f"{api.GROUP}/finalizer"
 ANNOTATION_PREFIX = api.GROUP
-CHILD_LABELS = {"app.kubernetes.io/managed-by": builders.MANAGED_BY}
-
-
-class State:
-    """What the handlers share: the reconciler, and one lock per server so reconciles never overlap."""
-
-    def __init__(self) -> None:
-        self.reconciler: Optional[Reconciler] = None
-        self._locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-        self._guard = threading.Lock()
-
-    def lock(self, namespace: str, name: str) -> threading.Lock:
-        with self._guard:
-            return self._locks[(namespace, name)]
-
-
-STATE = State()
-#: Seconds a replica's peering keep-alive holds (--peering-lifetime): bounds the HA takeover time.
-PEERING_LIFETIME = peering.DEFAULT_LIFETIME
-HEALTH = telemetry.Health()
+CHILD_LABELS = kopfindex.CHILD_LABELS
 
 
 def api_client() -> k8s.ApiClient:
@@ -127,244 +112,178 @@ def reconcile_result(result: Any) -> str:
     return "applied" if result.applied or result.pruned or result.status_written else "unchanged"
 
 
-def reconcile(namespace: str, name: str, logger: Any, retry: int = 0) -> None:
-    """One reconcile under the server's lock. An apply the API server refuses is not an error here: the
-    reconciler reports it as Degraded/ApiRejected and holds it back (apierrors.py); what is raised is retried by
-    kopf after apierrors.retry_delay (`retry`: kopf's count of retries so far)."""
-    reconciler = STATE.reconciler
-    assert reconciler is not None, "operator not started"
-    with STATE.lock(namespace, name):
-        started = time.monotonic()
-        try:
-            result = reconciler.reconcile(namespace, name)
-        except ApiError as e:
-            telemetry.record_reconcile_error(str(e.status))
-            telemetry.record_reconcile("error", time.monotonic() - started)
-            raise kopf.TemporaryError(str(e), delay=apierrors.retry_delay(e.status, retry)) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            # The API server is unreachable (restarting, network): retry soon, not after kopf's default minute.
-            telemetry.record_reconcile_error(type(e).__name__)
-            telemetry.record_reconcile("error", time.monotonic() - started)
-            raise kopf.TemporaryError(f"the API server is unreachable: {e}", delay=3) from e
-        except Exception as e:
-            telemetry.record_reconcile_error(type(e).__name__)
-            telemetry.record_reconcile("error", time.monotonic() - started)
-            raise
-        telemetry.record_reconcile(reconcile_result(result), time.monotonic() - started)
-        if result is None:
-            telemetry.forget_server(namespace, name)
-        else:
-            telemetry.record_server(namespace, name, result.ready, result.replicas, result.ready_replicas)
-    if result is not None and (result.applied or result.pruned or not result.valid):
-        logger.info("reconciled %s/%s: applied=%s pruned=%s valid=%s", namespace, name, result.applied,
-                    result.pruned, result.valid)
+@dataclass
+class Operator:
+    """What the handlers share, built once in `run()`: the reconciler, the watch-fed copies it reads
+    (informers/), the autoscaler's context, the health endpoints' state, one lock per server so reconciles
+    never overlap, and the settings kopf is configured with. Its handlers are registered on a kopf registry by
+    `register_handlers`, the one place that does so."""
 
+    reconciler: Reconciler
+    objects: cache.WatchedObjects = field(default_factory=cache.WatchedObjects)
+    scaling: Optional[actuator.Context] = None
+    health: telemetry.Health = field(default_factory=telemetry.Health)
+    #: Seconds a replica's peering keep-alive holds (--peering-lifetime): bounds the HA takeover time.
+    peering_lifetime: int = peering.DEFAULT_LIFETIME
+    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock),
+                                                          repr=False)
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-# --------------------------------------------------------------------------- handlers
-@kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = FINALIZER
-    # kopf's own writes: the finalizer, progress annotations only while a handler is retried, the diff base
-    # in memory (persistence.py: one patch per server instead of two).
-    settings.persistence.progress_storage = persistence.ProgressAnnotationsStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = persistence.MemoryDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration", finalizer=FINALIZER)
-    settings.posting.level = logging.WARNING  # our own events say what happened; kopf's only on trouble
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    settings.execution.max_workers = 8
-    settings.peering.lifetime = PEERING_LIFETIME
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks[(namespace, name)]
 
-
-@kopf.on.startup()
-async def watch_event_loop(**_: Any) -> None:
-    HEALTH.loop = asyncio.get_running_loop()  # /healthz checks that this loop still answers
-
-
-@kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
-@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
-@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
-def on_change(namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
-    _bind_indices(kwargs)
-    reconcile(namespace, name, logger, retry=kwargs.get("retry") or 0)
-
-
-def on_timer(namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
-    _bind_indices(kwargs)
-    reconcile(namespace, name, logger, retry=kwargs.get("retry") or 0)
-
-
-def _on_child(body: Any, event: Any, logger: Any, kwargs: Optional[dict] = None) -> None:
-    _bind_indices(kwargs or {})
-    meta = body.get("metadata", {})
-    server = (meta.get("labels") or {}).get(builders.SERVER_LABEL)
-    owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == api.KIND]
-    if not server or not owners:
-        return
-    objects = STATE.reconciler.objects if STATE.reconciler else None
-    if objects is not None and (event or {}).get("type") == "DELETED":
-        objects.forget(body)  # deleted by hand: our own write's copy must not stand in for it
-    elif objects is not None and objects.echoes_own_write(body):
-        return  # our own apply coming back: the reconcile that sent it has used its answer already
-    reconcile(meta["namespace"], server, logger)
-
-
-for _group, _version, _plural in (("apps", "v1", "statefulsets"), ("apps", "v1", "daemonsets"),
-                                  ("", "v1", "services")):
-    kopf.on.event(_group, _version, _plural, labels=CHILD_LABELS)(
-        lambda body, event, logger, **kw: _on_child(body, event, logger, kw))
-
-
-# --------------------------------------------------------------------------- watch-fed caches (cache.py)
-def _bind_indices(kwargs: dict) -> None:
-    objects = STATE.reconciler.objects if STATE.reconciler else None
-    if objects is not None and not objects.ready:
-        objects.bind(kwargs)
-
-
-def _note_indexed(index_id: str, body: Any) -> None:
-    objects = STATE.reconciler.objects if STATE.reconciler else None
-    if objects is not None:
-        objects.note_indexed(index_id, body)
-
-
-async def _index_server(body: Any, **_: Any) -> Any:
-    _note_indexed(cache.SERVERS_INDEX, body)
-    entry = cache.index_server(body)
-    # kopf keeps this body (the last event's, for timers and daemons) as long as the server exists; its
-    # managedFields, a nested dict per field per manager, are most of it and nothing here reads them.
-    cache.drop_managed_fields(body)
-    return entry
-
-
-async def _index_child(body: Any, **_: Any) -> Any:
-    _note_indexed(cache.CHILDREN_INDEX, body)
-    return cache.index_child(body)
-
-
-async def _index_pod(body: Any, **_: Any) -> Any:
-    _note_indexed(cache.PODS_INDEX, body)
-    return cache.index_pod(body)
-
-
-def register_indices(reconciler: Reconciler) -> None:
-    """kopf indices of the servers, every kind the reconciler manages, and their pods: reconciles read
-    these instead of GET/LIST (bench/scale.py), and kopf runs no handler before they hold a full listing."""
-    reconciler.objects = cache.WatchedObjects()
-    kopf.index(api.GROUP, api.VERSION, api.PLURAL, id=cache.SERVERS_INDEX)(_index_server)
-    for api_version, kind in reconciler.managed_kinds():
-        group, _, version = api_version.rpartition("/")
-        kopf.index(group, version, PLURALS[(api_version, kind)], id=cache.CHILDREN_INDEX,
-                   labels=CHILD_LABELS)(_index_child)
-    kopf.index("", "v1", "pods", id=cache.PODS_INDEX, labels=CHILD_LABELS)(_index_pod)
-
-
-def _audit_lists(reconciler: Reconciler, index_id: str,
-                 namespaces: list[str]) -> list[tuple[str, str, Optional[str], Optional[str]]]:
-    """(apiVersion, kind, namespace, label selector) of the LISTs that audit one index: what kopf watches."""
-    selector = ",".join(f"{k}={v}" for k, v in CHILD_LABELS.items())
-    if index_id == cache.SERVERS_INDEX:
-        kinds: list[tuple[str, str, Optional[str]]] = [(f"{api.GROUP}/{api.VERSION}", api.KIND, None)]
-    elif index_id == cache.CHILDREN_INDEX:
-        kinds = [(api_version, kind, selector) for api_version, kind in reconciler.managed_kinds()]
-    else:
-        kinds = [("v1", "Pod", selector)]
-    return [(api_version, kind, namespace, sel) for api_version, kind, sel in kinds
-            for namespace in (namespaces or [None])]
-
-
-def audit_index(reconciler: Reconciler, index_id: str, namespaces: list[str]) -> list[dict]:
-    """One LIST per watched kind (and namespace): what the index still holds but the cluster no longer
-    has is marked gone (cache.py); the next resync of its server repairs what that hid."""
-    listings = []
-    for api_version, kind, namespace, selector in _audit_lists(reconciler, index_id, namespaces):
-        try:
-            listing = reconciler.kube.request("GET", path_for(api_version, kind, namespace),
-                                              query=[("labelSelector", selector)] if selector else [])
-        except ApiError as e:
-            if e.status == 404:  # a kind this cluster does not serve (KEDA's, when KEDA is not installed)
-                continue
-            raise
-        listings.append(cache.Listing(listing.get("items") or [], cache.resource_version(listing),
-                                      None if index_id == cache.PODS_INDEX else kind, namespace))
-    gone = reconciler.objects.audit(index_id, listings)
-    for obj in gone:
-        meta = obj["metadata"]
-        log.warning("%s %s/%s was deleted while the watch was down (kopf re-listed without telling): "
-                    "no longer read from the cache", obj.get("kind") or "Pod", meta.get("namespace"),
-                    meta.get("name"))
-    log.info("cache audit of %s: %d objects listed, %d deleted unseen", index_id,
-             sum(len(listing.items) for listing in listings), len(gone))
-    return gone
-
-
-def _audit_forever(reconciler: Reconciler, namespaces: list[str], stop: threading.Event) -> None:
-    """Audit an index when kopf re-listed its kinds, and every index every AUDIT_INTERVAL_SECONDS."""
-    objects = reconciler.objects
-    last_full = time.monotonic()
-    while not stop.wait(1.0):
-        if objects is None or not objects.ready:
-            continue
-        due = set(objects.audits_due())
-        if time.monotonic() - last_full >= cache.AUDIT_INTERVAL_SECONDS:
-            due |= {cache.SERVERS_INDEX, cache.CHILDREN_INDEX, cache.PODS_INDEX}
-            last_full = time.monotonic()
-        for index_id in sorted(due):
+    def reconcile(self, namespace: str, name: str, logger: Any, retry: int = 0) -> None:
+        """One reconcile under the server's lock. An apply the API server refuses is not an error here: the
+        reconciler reports it as Degraded/ApiRejected and holds it back (apierrors.py); what is raised is retried
+        by kopf after apierrors.retry_delay (`retry`: kopf's count of retries so far). A copy that could not be
+        read (reader.ReadFailed) is retried soon: the server is not taken for gone."""
+        with self.lock(namespace, name):
+            started = time.monotonic()
             try:
-                audit_index(reconciler, index_id, namespaces)
-            except Exception as e:  # the API server may be away again: try once more later
-                log.warning("cache audit of %s failed (%s); retrying", index_id, e)
-                objects.relisted(index_id)
+                result = self.reconciler.reconcile(namespace, name)
+            except ApiError as e:
+                telemetry.record_reconcile_error(str(e.status))
+                telemetry.record_reconcile("error", time.monotonic() - started)
+                raise kopf.TemporaryError(str(e), delay=apierrors.retry_delay(e.status, retry)) from e
+            except (urllib3.exceptions.HTTPError, OSError, ReadFailed) as e:
+                # The API server is unreachable (restarting, network), or the watch-fed copy could not be read:
+                # retry soon, not after kopf's default minute.
+                telemetry.record_reconcile_error(type(e).__name__)
+                telemetry.record_reconcile("error", time.monotonic() - started)
+                what = "the watch-fed copy could not be read" if isinstance(e, ReadFailed) else \
+                    "the API server is unreachable"
+                raise kopf.TemporaryError(f"{what}: {e}", delay=3) from e
+            except Exception as e:
+                telemetry.record_reconcile_error(type(e).__name__)
+                telemetry.record_reconcile("error", time.monotonic() - started)
+                raise
+            telemetry.record_reconcile(reconcile_result(result), time.monotonic() - started)
+            if result is None:
+                telemetry.forget_server(namespace, name)
+            else:
+                telemetry.record_server(namespace, name, result.ready, result.replicas, result.ready_replicas)
+        if result is not None and (result.applied or result.pruned or not result.valid):
+            logger.info("reconciled %s/%s: applied=%s pruned=%s valid=%s", namespace, name, result.applied,
+                        result.pruned, result.valid)
+
+    # ---- handlers (registered by register_handlers)
+    def configure(self, settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = FINALIZER
+        # kopf's own writes: the finalizer, progress annotations only while a handler is retried, the diff base
+        # in memory (persistence.py: one patch per server instead of two).
+        settings.persistence.progress_storage = persistence.ProgressAnnotationsStorage(prefix=ANNOTATION_PREFIX)
+        settings.persistence.diffbase_storage = persistence.MemoryDiffBaseStorage(
+            prefix=ANNOTATION_PREFIX, key="last-handled-configuration", finalizer=FINALIZER)
+        settings.posting.level = logging.WARNING  # our own events say what happened; kopf's only on trouble
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.execution.max_workers = 8
+        settings.peering.lifetime = self.peering_lifetime
+
+    async def watch_event_loop(self, **_: Any) -> None:
+        self.health.loop = asyncio.get_running_loop()  # /healthz checks that this loop still answers
+
+    def bind(self, kwargs: dict) -> None:
+        """Hand kopf's indices (in every handler's kwargs) to the watch-fed copies, once."""
+        if not self.objects.ready:
+            self.objects.bind(kwargs)
+
+    def on_change(self, namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
+        self.bind(kwargs)
+        self.reconcile(namespace, name, logger, retry=kwargs.get("retry") or 0)
+
+    def on_timer(self, namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
+        self.bind(kwargs)
+        self.reconcile(namespace, name, logger, retry=kwargs.get("retry") or 0)
+
+    def on_child(self, body: Any, event: Any, logger: Any, **kwargs: Any) -> None:
+        self.bind(kwargs)
+        meta = body.get("metadata", {})
+        server = (meta.get("labels") or {}).get(builders.SERVER_LABEL)
+        owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == api.KIND]
+        if not server or not owners:
+            return
+        if (event or {}).get("type") == "DELETED":
+            self.objects.forget(body)  # deleted by hand: our own write's copy must not stand in for it
+        elif self.objects.echoes_own_write(body):
+            return  # our own apply coming back: the reconcile that sent it has used its answer already
+        self.reconcile(meta["namespace"], server, logger)
+
+    async def autoscaler(self, **kwargs: Any) -> None:
+        self.bind(kwargs)
+        assert self.scaling is not None, "autoscaler not set up"
+        await self.scaling.daemon(**kwargs)
 
 
-def start_audits(reconciler: Reconciler, namespaces: list[str]) -> threading.Event:
-    stop = threading.Event()
-    threading.Thread(target=_audit_forever, args=(reconciler, namespaces, stop), name="cache-audit",
-                     daemon=True).start()
-    return stop
+def register_handlers(registry: kopf.OperatorRegistry, op: Operator, *, resync_seconds: float,
+                      connection_limit: int) -> None:
+    """Every kopf handler of the operator, on one registry (handler ids as before: progress annotations and
+    index kwargs keep their names)."""
+    reg = {"registry": registry}
+    kopf.on.startup(id="configure", **reg)(op.configure)
+    kopf.on.startup(id="watch_event_loop", **reg)(op.watch_event_loop)
+    # Create/update/resume of a server, its periodic resync (repairs drift no watch event announces), and events
+    # of its children all end in one reconcile.
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(api.GROUP, api.VERSION, api.PLURAL, id="on_change", **reg)(op.on_change)
+    kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=resync_seconds, initial_delay=resync_seconds,
+               sharp=False, id="on_timer", **reg)(op.on_timer)
+    for group, version, plural in (("apps", "v1", "statefulsets"), ("apps", "v1", "daemonsets"),
+                                   ("", "v1", "services")):
+        kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"on_child/{plural}", **reg)(op.on_child)
+    # The watch-fed copies the reconciler and the autoscaler read (informers/kopfindex.py).
+    kopfindex.register(registry, op.objects, op.reconciler.managed_kinds())
+    # One queue-based autoscaler loop per VLLMServer with autoscaling.mode Operator (autoscaler/actuator.py).
+    if op.scaling is not None:
+        kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="autoscaler", when=ownership.runs_operator_loop,
+                    cancellation_timeout=30.0, **reg)(op.autoscaler)
+    # kopf's HTTP connections in a bounded pool (apisession.py).
+    kopf.on.login(**reg)(apisession.make_login(connection_limit))
 
 
 # --------------------------------------------------------------------------- entry point
 def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON if args.log_format == "json"
                    else kopf.LogFormat.FULL)
-    # The periodic resync repairs drift that no watch event announces; its interval is a flag.
-    kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=args.resync_seconds, initial_delay=args.resync_seconds,
-               sharp=False)(on_timer)
-    STATE.reconciler = make_reconciler(args)
-    register_indices(STATE.reconciler)
-    # One queue-based autoscaler loop per VLLMServer with autoscaling.mode Operator (autoscaler/actuator.py).
-    scaling = actuator.register(STATE.reconciler.kube, default_prometheus_url=getattr(args, "prometheus_url", None),
-                                objects=STATE.reconciler.objects, urls=STATE.reconciler.urls)
+    reconciler = make_reconciler(args)
+    op = Operator(reconciler)
+    reconciler.reader = op.objects  # reconciles read the watch-fed copies (informers/cache.py)
+    op.scaling = actuator.Context.create(reconciler.kube, op.objects,
+                                         default_prometheus_url=getattr(args, "prometheus_url", None),
+                                         urls=reconciler.urls)
     # status.kvCapacity: what vLLM allocated beside the plan, read through the autoscaler's bounded scrape pool.
-    STATE.reconciler.kv_capacity = scaling.sources.kv_capacity
+    reconciler.kv_capacity = op.scaling.sources.kv_capacity
     namespaces = list(args.namespace)
-    audits = start_audits(STATE.reconciler, namespaces)
-    # kopf's HTTP connections in a bounded pool (apisession.py): servers, each managed kind, pods, peering.
-    watched = len(STATE.reconciler.managed_kinds()) + 3
-    kopf.on.login()(apisession.make_login(apisession.connection_limit(watched, len(namespaces))))
+    # kopf's HTTP connections: servers, each managed kind, pods, peering.
+    watched = len(reconciler.managed_kinds()) + 3
+    registry = kopf.OperatorRegistry()
+    register_handlers(registry, op, resync_seconds=args.resync_seconds,
+                      connection_limit=apisession.connection_limit(watched, len(namespaces)))
+    audits = kopfindex.start_audits(reconciler.kube, op.objects, reconciler.managed_kinds(), namespaces)
     priority = None
     if args.peering is not None:  # HA: one active replica (peering.py, docs/ha.md)
-        global PEERING_LIFETIME
-        PEERING_LIFETIME = getattr(args, "peering_lifetime", None) or peering.DEFAULT_LIFETIME
-        peering.ensure_peering(STATE.reconciler.kube, args.peering, namespaces)
+        op.peering_lifetime = getattr(args, "peering_lifetime", None) or peering.DEFAULT_LIFETIME
+        peering.ensure_peering(reconciler.kube, args.peering, namespaces)
         priority = getattr(args, "peering_priority", None)
         priority = peering.default_priority() if priority is None else priority
-        log.info("peering %r with priority %d, keep-alive lifetime %d s", args.peering, priority, PEERING_LIFETIME)
+        log.info("peering %r with priority %d, keep-alive lifetime %d s", args.peering, priority,
+                 op.peering_lifetime)
     # kopf's start-up wait for its indices is quadratic in the objects listed (toggles.py): linear here.
     toggles.install()
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (telemetry.py); kopf's own liveness endpoint stays off.
-    server = telemetry.serve(args.health_port, HEALTH) if args.health_port else None
+    server = telemetry.serve(args.health_port, op.health) if args.health_port else None
     try:
         kopf.run(
+            registry=registry,
             clusterwide=not namespaces,
             namespaces=namespaces,
             standalone=args.peering is None,
             peering_name=args.peering,
             priority=priority,
-            ready_flag=HEALTH.ready,
+            ready_flag=op.health.ready,
             settings=settings,
         )
     finally:

@@ -31,12 +31,13 @@ from .. import api, builders, pipeline, validation
 from ..controller import events, kvcapacity
 from .. import telemetry as operator_metrics
 from ..informers.cache import resource_version
+from ..informers.reader import DirectReader, Reader, controlled_by
 from ..controller.kube import Kube
 from ..urlpolicy import URLPolicy
 from ..conditions import Conditions
 from . import policy
 from .metrics import MetricsSource, PodRef, PodsSource, PrometheusSource, Sample
-from .ownership import CONDITIONS, FIELD_MANAGER, clear_status, has_status, runs_operator_loop
+from .ownership import CONDITIONS, FIELD_MANAGER, clear_status, has_status
 
 log = logging.getLogger("vllm_operator.autoscaler")
 
@@ -45,14 +46,16 @@ ACTIVE, LIMITED = CONDITIONS
 #: Numbers that move every tick (queue length, reason text) reach status at most this often;
 #: decisions, holds and condition changes are written at once.
 STATUS_REFRESH_SECONDS = 30.0
-#: While the reconciler's cache has no StatefulSet for an autoscaled server (not created yet, or one of
-#: someone else's by that name), a tick asks the API server at most this often: every tick did, 1,889
-#: GETs while 1,000 servers converged (bench/scale.py).
+#: While the reader shows no StatefulSet of an autoscaled server (not created yet, or one of someone else's by
+#: that name), a tick asks the API server who holds the name at most this often: every tick did, 1,889 GETs
+#: while 1,000 servers converged (bench/scale.py).
 UNCACHED_GET_SECONDS = 30.0
 #: A replica the StatefulSet should have but whose pod does not exist yet counts as on its way this long.
 MISSING_POD_GRACE_SECONDS = 60.0
 #: Startup budget of a pod without a startup probe.
 DEFAULT_STARTUP_SECONDS = 600.0
+#: The one kind of child a tick reads: only a StatefulSet is autoscaled.
+STATEFULSET = ("apps/v1", "StatefulSet")
 
 
 def _now_iso(t: float) -> str:
@@ -208,11 +211,12 @@ class Autoscaler:
     """The state of one server's loop (recommendation history) and its tick."""
 
     def __init__(self, kube: Kube, sources: Sources, namespace: str, name: str,
-                 clock: Callable[[], float] = time.time, objects: Optional[Any] = None):
+                 clock: Callable[[], float] = time.time, reader: Optional[Reader] = None):
         self.kube = kube
-        #: The reconciler's watch-fed copies (cache.WatchedObjects): a tick reads its StatefulSet and pods
-        #: there instead of a GET and a LIST (200 autoscaled servers polled 80 requests/s: bench/scale.py).
-        self.objects = objects
+        #: What a tick reads its StatefulSet and pods through (informers/reader.py): in the operator the
+        #: reconciler's watch-fed copies, not a GET and a LIST (200 autoscaled servers polled 80 requests/s:
+        #: bench/scale.py); by default the API server itself.
+        self.reader: Reader = reader if reader is not None else DirectReader(kube)
         self.sources = sources
         self.namespace = namespace
         self.name = name
@@ -221,7 +225,7 @@ class Autoscaler:
         self._missing_since: dict[str, float] = {}
         self._last_written: Optional[dict[str, Any]] = None
         self._last_write_at = 0.0
-        #: (when, answer) of the last GET of a StatefulSet the cache did not have.
+        #: (when, answer) of the last GET of a StatefulSet the reader did not show as this server's.
         self._uncached: Optional[tuple[float, Optional[dict[str, Any]]]] = None
         #: The server as our last status write's answer: the body a tick gets (kopf's) may lag behind it.
         self._last_answer: Optional[dict[str, Any]] = None
@@ -243,24 +247,23 @@ class Autoscaler:
             return self._report(body, None, now, "InvalidSpec", "; ".join(problems))
 
         uid = body["metadata"]["uid"]
-        cached = self.objects if self.objects is not None and self.objects.ready else None
-        sts = cached.children(self.namespace, self.name, uid).get(("StatefulSet", self.name)) if cached else None
+        sts = self.reader.children(self.namespace, self.name, uid, kinds=[STATEFULSET]).get(
+            ("StatefulSet", self.name))
         if sts is not None:
             self._uncached = None
-        elif cached and self._uncached is not None and now - self._uncached[0] < UNCACHED_GET_SECONDS:
-            sts = self._uncached[1]  # asked a moment ago; the cache shows ours as soon as it exists
-        else:  # not (yet) in the cache, or someone else's: ask the API server
+        elif self._uncached is not None and now - self._uncached[0] < UNCACHED_GET_SECONDS:
+            sts = self._uncached[1]  # asked a moment ago; the reader shows ours as soon as it exists
+        else:  # not created yet, or someone else's: ask the API server who holds the name
             sts = self.kube.get("apps/v1", "StatefulSet", self.namespace, self.name)
             self._uncached = (now, sts)
         if sts is None or sts["metadata"].get("deletionTimestamp"):
             return self._report(body, None, now, "NoWorkload", "the StatefulSet does not exist yet")
-        if not any(o.get("uid") == uid and o.get("controller") for o in sts["metadata"].get("ownerReferences") or []):
+        if not controlled_by(sts, uid):
             return self._report(body, None, now, "NoWorkload",
                                 f"StatefulSet {self.name} is not controlled by this VLLMServer; not touching it")
         current = (sts.get("spec") or {}).get("replicas", 1)
 
-        pods = cached.pods(self.namespace, self.name) if cached else self.kube.list(
-            "v1", "Pod", self.namespace, label_selector=builders.selector_string(self.name))
+        pods = self.reader.pods(self.namespace, self.name)
         groups = classify_pods(pods, now)
         starting = len(groups.starting) + self._missing_replicas(current, pods, now)
         source, described = self.sources.for_spec(a)
@@ -401,54 +404,46 @@ class Autoscaler:
 # --------------------------------------------------------------------------- the kopf daemon
 @dataclass
 class Context:
+    """What every server's loop shares: the API client under the autoscaler's field manager, the metrics
+    sources, the thread pool the ticks run in, and the reader (the reconciler's watch-fed copies)."""
+
     kube: Kube
     sources: Sources
     executor: ThreadPoolExecutor
-    objects: Optional[Any] = None
+    reader: Reader
 
+    @classmethod
+    def create(cls, kube: Kube, reader: Reader, default_prometheus_url: Optional[str] = None, *, workers: int = 4,
+               urls: Optional[URLPolicy] = None) -> "Context":
+        return cls(kube=Kube(kube.api, field_manager=FIELD_MANAGER, timeout=10.0),
+                   sources=Sources(default_prometheus_url, urls=urls),
+                   executor=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autoscaler"),
+                   reader=reader)
 
-CONTEXT: Optional[Context] = None
-
-
-async def autoscaler_daemon(stopped: Any, namespace: str, name: str, body: Any, logger: Any, **_: Any) -> None:
-    """One server's loop, until autoscaling is switched off, the server deleted, or the operator stops."""
-    ctx = CONTEXT
-    assert ctx is not None, "autoscaler not registered"
-    scaler = Autoscaler(ctx.kube, ctx.sources, namespace, name, objects=ctx.objects)
-    loop = asyncio.get_running_loop()
-    logger.info("autoscaler started for %s/%s", namespace, name)
-    try:
-        while not stopped:
-            started = loop.time()
-            snapshot = copy.deepcopy(dict(body))  # kopf updates `body` in place on this thread
-            try:
-                await loop.run_in_executor(ctx.executor, scaler.tick, snapshot)  # logs its scalings itself
-            except Exception as e:  # noqa: BLE001 - a failed tick is retried at the next interval
-                logger.warning("autoscaler tick for %s/%s failed: %s", namespace, name, e)
-            interval = ((body.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds", 5)
-            await stopped.wait(max(0.05, float(interval) - (loop.time() - started)))
-    finally:
-        operator_metrics.forget_autoscaler(namespace, name)  # no loop, no "at maxReplicas" (nor a stale one)
-    reason = getattr(stopped, "reason", None)
-    if reason is not None and reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH:
-        # Autoscaling was switched off (or handed to an HPA/KEDA): its status no longer applies.
+    async def daemon(self, stopped: Any, namespace: str, name: str, body: Any, logger: Any, **_: Any) -> None:
+        """One server's loop, until autoscaling is switched off, the server deleted, or the operator stops
+        (registered as a kopf daemon filtered by ownership.runs_operator_loop: operator_main.register_handlers)."""
+        scaler = Autoscaler(self.kube, self.sources, namespace, name, reader=self.reader)
+        loop = asyncio.get_running_loop()
+        logger.info("autoscaler started for %s/%s", namespace, name)
         try:
-            if has_status(dict(body).get("status") or {}):
-                await loop.run_in_executor(ctx.executor, clear_status, ctx.kube, copy.deepcopy(dict(body)))
-        except Exception as e:  # noqa: BLE001 - the reconciler clears it at its next pass too
-            logger.warning("could not clear the autoscaler's status: %s", e)
-    logger.info("autoscaler stopped for %s/%s", namespace, name)
-
-
-def register(kube: Kube, default_prometheus_url: Optional[str] = None, *, workers: int = 4,
-             objects: Optional[Any] = None, urls: Optional[URLPolicy] = None) -> Context:
-    """Register the per-server daemon with kopf (before kopf.run) and share one context.
-    `objects`: the reconciler's watch-fed copies (cache.WatchedObjects), read instead of the API."""
-    global CONTEXT
-    CONTEXT = Context(kube=Kube(kube.api, field_manager=FIELD_MANAGER, timeout=10.0),
-                      sources=Sources(default_prometheus_url, urls=urls),
-                      executor=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autoscaler"),
-                      objects=objects)
-    kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="autoscaler", when=runs_operator_loop,
-                cancellation_timeout=30.0)(autoscaler_daemon)
-    return CONTEXT
+            while not stopped:
+                started = loop.time()
+                snapshot = copy.deepcopy(dict(body))  # kopf updates `body` in place on this thread
+                try:
+                    await loop.run_in_executor(self.executor, scaler.tick, snapshot)  # logs its scalings itself
+                except Exception as e:  # noqa: BLE001 - a failed tick (a copy not readable) is retried next time
+                    logger.warning("autoscaler tick for %s/%s failed: %s", namespace, name, e)
+                interval = ((body.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds", 5)
+                await stopped.wait(max(0.05, float(interval) - (loop.time() - started)))
+        finally:
+            operator_metrics.forget_autoscaler(namespace, name)  # no loop, no "at maxReplicas" (nor a stale one)
+        reason = getattr(stopped, "reason", None)
+        if reason is not None and reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH:
+            # Autoscaling was switched off (or handed to an HPA/KEDA): its status no longer applies.
+            try:
+                if has_status(dict(body).get("status") or {}):
+                    await loop.run_in_executor(self.executor, clear_status, self.kube, copy.deepcopy(dict(body)))
+            except Exception as e:  # noqa: BLE001 - the reconciler clears it at its next pass too
+                logger.warning("could not clear the autoscaler's status: %s", e)
+        logger.info("autoscaler stopped for %s/%s", namespace, name)

@@ -4,8 +4,10 @@ Level-based and idempotent: every call reads the current object and its children
 converges them on what the spec wants, whatever happened before (operator restarts,
 hand edits, deleted children). Writes happen only when something differs: a child is
 applied only when its desired fields are not already live, and status only when it
-changed. In the operator the current state comes from watch-fed copies (cache.py), so a
-no-op resync sends no request at all (bench/scale.py counts them).
+changed. The current state is read through a reader (informers/reader.py): in the operator the
+watch-fed copies (cache.py), so a no-op resync sends no request at all (bench/scale.py counts
+them); elsewhere the API server itself. A copy that cannot be read raises (reader.ReadFailed):
+the reconcile is retried, never read as "the server is gone".
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Callable, Optional, Union
 from .. import api, builders, catalog, pipeline, planner, podsecurity
 from . import apierrors, events, failures, kvcapacity, replan
 from ..autoscaler import ownership
-from ..informers.cache import WatchedObjects
+from ..informers.reader import DirectReader, Reader, controlled_by
 from ..conditions import EXTRA_ARGS_UNCHECKED, Conditions, condition, extra_args_unchecked
 from .kube import ApiError, Kube
 from ..urlpolicy import URLPolicy
@@ -112,11 +114,6 @@ def degraded_condition(trouble: Optional[failures.Failure]) -> tuple[str, str, s
     if trouble is None or trouble.waiting:
         return "False", "AsExpected", "no pod is failing"
     return "True", trouble.reason, trouble.message
-
-
-def controlled_by(obj: dict[str, Any], uid: str) -> bool:
-    """Whether the object's controller ownerReference names the VLLMServer with this uid."""
-    return any(o.get("uid") == uid and o.get("controller") for o in obj["metadata"].get("ownerReferences") or [])
 
 
 def name_conflict_message(taken: list[dict[str, Any]], server: str) -> str:
@@ -230,8 +227,9 @@ class Reconciler:
     configs: catalog.ConfigCache = field(default_factory=catalog.ConfigCache)
     #: The URLs a spec may point the operator at (urlpolicy.py); None: any (tests that build a Reconciler).
     urls: Optional[URLPolicy] = None
-    #: Watch-fed copies of servers, children and pods (cache.py); None: GET and LIST every time.
-    objects: Optional[WatchedObjects] = None
+    #: What reconciles read the server, its children and pods through (informers/reader.py): the operator's
+    #: watch-fed copies; by default the API server itself (a DirectReader over `kube`).
+    reader: Reader = field(default=None)  # type: ignore[assignment]
     #: The Events about some objects of a namespace (namespace, [workload, *pods]) -> Events, for the failures
     #: only Events tell (FailedCreate, a startup probe's kill); asked only while a replica is not ready. None:
     #: pod status only (the operator's RBAC does not read Events yet).
@@ -247,6 +245,10 @@ class Reconciler:
     _refused: dict[tuple[str, str], Refusal] = field(default_factory=dict, repr=False)
     monotonic: Callable[[], float] = time.monotonic
 
+    def __post_init__(self) -> None:
+        if self.reader is None:
+            self.reader = DirectReader(self.kube, self.managed_kinds())
+
     def managed_kinds(self) -> list[tuple[str, str]]:
         return [("v1", "Service"), ("v1", "PersistentVolumeClaim"), ("apps/v1", "StatefulSet"),
                 ("apps/v1", "DaemonSet"), ("policy/v1", "PodDisruptionBudget"),
@@ -260,12 +262,8 @@ class Reconciler:
         return self._keda[0]
 
     # ---- entry point
-    def _cached(self) -> Optional[WatchedObjects]:
-        return self.objects if self.objects is not None and self.objects.ready else None
-
     def reconcile(self, namespace: str, name: str) -> Optional[Result]:
-        cached = self._cached()
-        body = cached.server(namespace, name) if cached else self.kube.get(api.API_VERSION, api.KIND, namespace, name)
+        body = self.reader.server(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._refused.pop((namespace, name), None)
             return None  # gone: garbage collection removes the children
@@ -361,9 +359,7 @@ class Reconciler:
             run.result.events.append(("Normal", "Applied", f"applied {', '.join(run.result.applied)}; vllm serve "
                                       + " ".join(run.plan.args)))
         progress = workload_progress(workload)
-        cached = self._cached()
-        pods = cached.pods(run.namespace, run.name) if cached else self.kube.list(
-            "v1", "Pod", run.namespace, label_selector=builders.selector_string(run.name))
+        pods = self.reader.pods(run.namespace, run.name)
         trouble = self._trouble(run, workload, progress, pods)
         self._health_conditions(run, progress, workload, trouble, blocked)
         self._plan_outdated(run)
@@ -523,8 +519,7 @@ class Reconciler:
         for (kind, child), obj in unwanted.items():
             if self.kube.delete(obj["apiVersion"], kind, namespace, child, uid=obj["metadata"]["uid"]):
                 result.pruned.append(f"{kind}/{child}")
-            if self.objects is not None:
-                self.objects.forget(obj)
+            self.reader.forget(obj)
         if result.pruned:
             result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
 
@@ -672,35 +667,18 @@ class Reconciler:
         log.info("re-creating %s/%s: %s", meta["namespace"], meta["name"], error.message)
         deleted = self.kube.delete(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"],
                                    uid=live["metadata"]["uid"], propagation="Orphan")
-        if deleted and self.objects is not None:
-            self.objects.forget(live)
+        if deleted:
+            self.reader.forget(live)
         return deleted
 
     def _remember(self, answer: dict[str, Any]) -> dict[str, Any]:
-        """Keep the answer to our own write until the watch delivers it (cache.py)."""
-        if self.objects is not None:
-            self.objects.remember(answer)
+        """Keep the answer to our own write until the watch delivers it (read-your-writes: reader.py)."""
+        self.reader.remember(answer)
         return answer
 
     def _live_children(self, namespace: str, name: str, uid: str) -> dict[tuple[str, str], dict[str, Any]]:
-        cached = self._cached()
-        if cached:
-            return cached.children(namespace, name, uid)
-        selector = f"{builders.SERVER_LABEL}={name}"
-        live: dict[tuple[str, str], dict[str, Any]] = {}
-        for api_version, kind in self.managed_kinds():
-            try:
-                items = self.kube.list(api_version, kind, namespace, label_selector=selector)
-            except ApiError as e:
-                if e.status == 404:
-                    continue
-                raise
-            for item in items:
-                if controlled_by(item, uid):
-                    item.setdefault("apiVersion", api_version)
-                    item.setdefault("kind", kind)
-                    live[(kind, item["metadata"]["name"])] = item
-        return live
+        return self.reader.children(namespace, name, uid)
+
 
     def write_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         """Server-side apply of the fields we own; fields we stop sending are removed by the server."""

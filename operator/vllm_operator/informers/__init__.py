@@ -1,1 +1,2 @@
-"""What the operator reads: the watch-fed copies of servers, their children and pods."""
+"""What the operator reads: a server, its children and pods, behind one interface (reader.py), from the
+watch-fed copies (cache.py, fed by kopf indices and audited: kopfindex.py) or from the API server directly."""

@@ -2,7 +2,7 @@
 
 Without it every reconcile GETs its server and LISTs four child kinds and the pods; at 1,000
 servers those LISTs scan whole namespaces and dominate the API server's work (bench/scale.py).
-The operator already watches these kinds, so kopf indices (registered in operator_main) keep
+The operator already watches these kinds, so kopf indices (registered in kopfindex.py) keep
 a slim copy of each object -- no managedFields but the owners of spec.replicas, no kopf
 bookkeeping -- keyed by server, and
 kopf runs no handler before every index holds its initial listing.
@@ -17,6 +17,9 @@ resourceVersion, the object's deletion is seen, or OVERLAY_SECONDS pass.
 
 Reads happen in the handler threads while kopf updates the indices on its event loop:
 lookups are plain dict reads and copies taken in one step, never iterations of live dicts.
+A read that finds no index yet (kopf has not handed them over) or cannot take its copy
+raises (reader.NotSynced, reader.ReadFailed) instead of answering "nothing": an empty
+answer would read as a server or child gone (reader.py).
 
 kopf never tells an index that an object vanished while its watch was down: when a watch
 resumes with a re-listing (after "410 Gone", as when a kube-apiserver restarts), objects
@@ -33,11 +36,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from .. import api, builders
+from .reader import Children, Kind, NotSynced, ReadFailed, controlled_by
 
-#: kopf index ids (handler ids in operator_main): the server kwargs of every handler carry them.
+#: kopf index ids (handler ids in kopfindex.py): the kwargs of every handler carry them.
 SERVERS_INDEX = "vllm_servers"
 CHILDREN_INDEX = "vllm_children"
 PODS_INDEX = "vllm_pods"
@@ -113,14 +117,18 @@ def resource_version(obj: Optional[Mapping[str, Any]]) -> int:
         return -1
 
 
+#: Attempts at copying a collection that kopf keeps changing before the read gives up (ReadFailed).
+COPY_ATTEMPTS = 5
+
+
 def _copy(items: Iterable) -> list:
     """A list of a collection kopf may change meanwhile, taken in one step."""
-    for _ in range(5):
+    for _ in range(COPY_ATTEMPTS):
         try:
             return list(items)
         except RuntimeError:  # changed size during the copy: copy again
             continue
-    return []
+    raise ReadFailed(f"the watch-fed copy changed during {COPY_ATTEMPTS} attempts at reading it")
 
 
 def _keys(index: Optional[Mapping]) -> list:
@@ -141,19 +149,23 @@ class Listing(NamedTuple):
     namespace: Optional[str] = None
 
 
-def _values(index: Optional[Mapping], key: Any) -> list:
-    """A copy of one index entry's values, taken in one step (kopf may update it meanwhile)."""
-    if index is None:
-        return []
-    try:
-        store = index.get(key)
-    except (KeyError, RuntimeError):
-        return []
-    return _copy(store) if store is not None else []
+def _values(index: Mapping, key: Any) -> list:
+    """A copy of one index entry's values, taken in one step (kopf may update it meanwhile); [] when the index
+    holds nothing under `key`."""
+    for _ in range(COPY_ATTEMPTS):
+        try:
+            store = index.get(key)
+        except KeyError:  # removed between kopf's lookup and its read: nothing indexed under it
+            return []
+        except RuntimeError:  # resized meanwhile: look again
+            continue
+        return _copy(store) if store is not None else []
+    raise ReadFailed(f"the watch-fed copy changed during {COPY_ATTEMPTS} attempts at reading {key!r}")
 
 
 class WatchedObjects:
-    """The reconciler's view of the cluster, from kopf indices plus the answers of its own writes."""
+    """The reconciler's view of the cluster, from kopf indices plus the answers of its own writes (a
+    reader.Reader)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.indices: Optional[Mapping[str, Mapping]] = None
@@ -302,10 +314,17 @@ class WatchedObjects:
             self._gone[index_id] = (self._gone.get(index_id, frozenset()) & indexed) | {_uid(o) for o in gone}
         return gone
 
+    def _index(self, index_id: str) -> Mapping:
+        """One of kopf's indices; NotSynced until kopf handed them over (bind)."""
+        index = self.indices.get(index_id) if self.indices is not None else None
+        if index is None:
+            raise NotSynced(f"the watch-fed copy of {index_id} is not synced yet")
+        return index
+
     def _live(self, index_id: str, key: Any) -> list[dict[str, Any]]:
         """One index entry's objects, less those an audit found deleted."""
         gone = self._gone.get(index_id, frozenset())
-        objects = map(unpack, _values(self.indices and self.indices.get(index_id), key))
+        objects = map(unpack, _values(self._index(index_id), key))
         return [o for o in objects if _uid(o) not in gone] if gone else list(objects)
 
     # ---- reads
@@ -315,17 +334,20 @@ class WatchedObjects:
         owner, key = (namespace, name), (api.KIND, name)
         return self._merge(owner, key, watched, self._written(owner).get(key))
 
-    def children(self, namespace: str, name: str, uid: str) -> dict[tuple[str, str], dict[str, Any]]:
-        """The server's children (controller reference to `uid`), keyed by (kind, name)."""
+    def children(self, namespace: str, name: str, uid: str, kinds: Optional[Sequence[Kind]] = None) -> Children:
+        """The server's children (controller reference to `uid`), keyed by (kind, name); `kinds`: only these."""
         owner = (namespace, name)
         watched = {(o["kind"], o["metadata"]["name"]): o for o in self._live(CHILDREN_INDEX, owner)}
         written = self._written(owner)
+        wanted = None if kinds is None else {kind for _, kind in kinds}
         out = {}
         for key in watched.keys() | (written.keys() - {(api.KIND, name)}):
+            if wanted is not None and key[0] not in wanted:
+                continue
             merged = self._merge(owner, key, watched.get(key), written.get(key))
             if merged is None:
                 continue
-            if any(o.get("uid") == uid and o.get("controller") for o in merged["metadata"].get("ownerReferences") or []):
+            if controlled_by(merged, uid):
                 out[key] = merged
         return out
 
