@@ -21,9 +21,10 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from . import api, builders, telemetry
-from .controller import apierrors, apisession, events, replan
+from .controller import apierrors, events, replan
 from .informers import cache
-from .kopfext import peering, persistence, toggles
+from . import kopfext
+from .kopfext import peering
 from .autoscaler import actuator
 from .controller.kube import PLURALS, ApiError, Kube, path_for
 from .controller.reconcile import Reconciler
@@ -157,12 +158,7 @@ def reconcile(namespace: str, name: str, logger: Any, retry: int = 0) -> None:
 # --------------------------------------------------------------------------- handlers
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = FINALIZER
-    # kopf's own writes: the finalizer, progress annotations only while a handler is retried, the diff base
-    # in memory (persistence.py: one patch per server instead of two).
-    settings.persistence.progress_storage = persistence.ProgressAnnotationsStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = persistence.MemoryDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration", finalizer=FINALIZER)
+    settings.persistence.finalizer = FINALIZER  # kopf's storages: kopfext.install() in run()
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's only on trouble
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -334,9 +330,6 @@ def run(args: argparse.Namespace) -> int:
     STATE.reconciler.kv_capacity = scaling.sources.kv_capacity
     namespaces = list(args.namespace)
     audits = start_audits(STATE.reconciler, namespaces)
-    # kopf's HTTP connections in a bounded pool (apisession.py): servers, each managed kind, pods, peering.
-    watched = len(STATE.reconciler.managed_kinds()) + 3
-    kopf.on.login()(apisession.make_login(apisession.connection_limit(watched, len(namespaces))))
     priority = None
     if args.peering is not None:  # HA: one active replica (peering.py, docs/ha.md)
         global PEERING_LIFETIME
@@ -345,9 +338,13 @@ def run(args: argparse.Namespace) -> int:
         priority = getattr(args, "peering_priority", None)
         priority = peering.default_priority() if priority is None else priority
         log.info("peering %r with priority %d, keep-alive lifetime %d s", args.peering, priority, PEERING_LIFETIME)
-    # kopf's start-up wait for its indices is quadratic in the objects listed (toggles.py): linear here.
-    toggles.install()
     settings = kopf.OperatorSettings()
+    # Every adaptation of kopf, each behind a self-test (kopfext/): the linear start-up wait for the indices, kopf's
+    # storages (one patch per server), its HTTP connections in a pool sized by the watches (servers, each managed
+    # kind, pods, peering).
+    watched = len(STATE.reconciler.managed_kinds()) + 3
+    kopfext.install(settings, finalizer=FINALIZER, prefix=ANNOTATION_PREFIX,
+                    connections=kopfext.session.connection_limit(watched, len(namespaces)))
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (telemetry.py); kopf's own liveness endpoint stays off.
     server = telemetry.serve(args.health_port, HEALTH) if args.health_port else None
