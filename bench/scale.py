@@ -257,6 +257,8 @@ def written_since(http_: Http, since: float) -> Counter:
         status, body = http_.get(path)
         for obj in json.loads(body).get("items", []) if status == 200 else []:
             for entry in obj["metadata"].get("managedFields") or []:
+                if "time" not in entry:  # an entry the API server keeps without a time (before-first-apply)
+                    continue
                 at = dt.datetime.strptime(entry["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
                 if at.timestamp() >= int(since):
                     counts[(resource, entry.get("manager", "?"))] += 1
