@@ -65,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, nargs="+", default=[500, 1000, 2000, 4000], help="watched objects")
     args = parser.parse_args()
-    print(f"{'objects':>8}  {'kopf ToggleSet':>15}  {'kopftoggles':>12}  {'ratio':>7}")
+    print(f"{'objects':>8}  {'kopf ToggleSet':>15}  {'kopfext':>12}  {'ratio':>7}")
     for n in args.n:
         times = {}
         for cls in (toggles.KopfToggleSet, toggles.ToggleSet):

@@ -60,6 +60,27 @@ def test_create_applies_exactly_the_builders_objects(control_plane, operator, ku
     assert "Applied" in reasons
 
 
+def test_kopf_adaptations_pass_their_self_tests_and_kopf_writes_only_its_finalizer(control_plane, operator, kube,
+                                                                                    namespace):
+    """kopfext.install() applied every adaptation in the real process (their self-tests passed on the installed
+    kopf); a handled server carries kopf's finalizer and no annotation of kopf's: the diff base is in memory and
+    the lone kopf-managed marker is not written (kopfext/persistence.py)."""
+    wait_for(lambda: "adaptations: toggles applied, progress applied, diffbase applied, session applied"
+             in operator.log_tail(10**6), 60, "the adaptations' log line")
+    doc = example("kopfext", namespace)
+    apply_server(control_plane, doc)
+    wait_status(kube, namespace, "kopfext", lambda s: cond(s, "SpecValid").get("status") == "True", "SpecValid")
+    # kopf handles one object's events in turn, each ending with its patch: once a later change (a label) is
+    # handled, whatever kopf meant to write after the creation's handling is on the server
+    updates = operator.log_tail(10**6).count("Updating is processed")
+    doc["metadata"]["labels"] = {"touched": "yes"}
+    apply_server(control_plane, doc)
+    wait_for(lambda: operator.log_tail(10**6).count("Updating is processed") > updates, 60, "the label's update")
+    meta = get_server(kube, namespace, "kopfext")["metadata"]
+    assert "vllm-operator.io/finalizer" in meta["finalizers"]
+    assert [k for k in meta.get("annotations") or {} if k.startswith("vllm-operator.io/")] == []
+
+
 def test_update_rolls_into_the_workload_template(control_plane, operator, kube, namespace):
     doc = example("srv", namespace)
     apply_server(control_plane, doc)

@@ -6,6 +6,7 @@ import json
 
 import kopf
 
+from vllm_operator.kopfext import persistence
 from vllm_operator.kopfext.persistence import MemoryDiffBaseStorage, ProgressAnnotationsStorage
 
 PREFIX = "vllm-operator.io"
@@ -86,3 +87,52 @@ def test_the_marker_is_written_with_a_retry_record_only():
     progress.store(key="on_change", record=record, body=body, patch=other)
     progress.purge(key="on_change", body=body, patch=other)
     assert other == {"metadata": {"labels": {"x": "y"}}}
+
+
+# --------------------------------------------------------------------------- the self-tests run at start-up
+def test_the_self_tests_pass_on_the_installed_kopf():
+    assert persistence.self_test_progress() is None
+    assert persistence.self_test_diffbase(FINALIZER) is None
+
+
+def test_a_kopf_that_no_longer_writes_the_lone_marker_fails_the_progress_self_test(monkeypatch):
+    """Our subclass would be unneeded: kopf's own storage is used (and the warning says why)."""
+    purge = kopf.AnnotationsProgressStorage.purge
+
+    def purge_without_lone_marker(self, *, key, body, patch):
+        purge(self, key=key, body=body, patch=patch)
+        annotations = patch.get("metadata", {}).get("annotations", {})
+        if list(annotations) == [f"{self.prefix}/kopf-managed"]:
+            del patch["metadata"]
+
+    monkeypatch.setattr(kopf.AnnotationsProgressStorage, "purge", purge_without_lone_marker)
+    assert "lone marker" in persistence.self_test_progress()
+
+
+def test_a_kopf_whose_marker_is_renamed_fails_the_progress_self_test(monkeypatch):
+    store_marker = kopf.AnnotationsProgressStorage._store_marker
+
+    def renamed(self, prefix, patch, body):
+        store_marker(self, prefix, patch, body)
+        annotations = patch.get("metadata", {}).get("annotations", {})
+        if f"{prefix}/kopf-managed" in annotations:
+            annotations[f"{prefix}/kopf-operator"] = annotations.pop(f"{prefix}/kopf-managed")
+
+    monkeypatch.setattr(kopf.AnnotationsProgressStorage, "_store_marker", renamed)
+    assert persistence.self_test_progress() is not None
+
+
+def test_a_kopf_whose_diff_base_keeps_more_than_the_spec_fails_the_diffbase_self_test(monkeypatch):
+    build = kopf.AnnotationsDiffBaseStorage.build
+
+    def with_status(self, *, body, extra_fields=None):
+        return {**build(self, body=body, extra_fields=extra_fields), "status": dict(body.get("status") or {})}
+
+    monkeypatch.setattr(kopf.AnnotationsDiffBaseStorage, "build", with_status)
+    assert "not its spec" in persistence.self_test_diffbase(FINALIZER)
+
+
+def test_a_kopf_that_no_longer_reads_its_annotation_back_fails_the_diffbase_self_test(monkeypatch):
+    """An earlier version's annotation would be ignored: every server would read as new after an upgrade."""
+    monkeypatch.setattr(kopf.AnnotationsDiffBaseStorage, "fetch", lambda self, *, body: None)
+    assert "read back" in persistence.self_test_diffbase(FINALIZER)

@@ -251,7 +251,7 @@ def test_importing_the_operator_registers_nothing_and_one_function_registers_eve
     op = operator_main.Operator(World().reconciler)
     op.scaling = object()  # type: ignore[assignment] - only its presence matters to the registration
     registry = kopf.OperatorRegistry()
-    operator_main.register_handlers(registry, op, resync_seconds=30, connection_limit=50)
+    operator_main.register_handlers(registry, op, resync_seconds=30)
     ids = handler_ids(registry)
     assert ids["changing"] == ["on_change", "on_change", "on_change"]  # resume, create, update
     assert ids["spawning"] == ["autoscaler", "on_timer"]  # kopf keeps timers with daemons

@@ -1,4 +1,5 @@
-"""toggles.ToggleSet keeps kopf's ToggleSet contract: each scenario runs on both classes.
+"""toggles.ToggleSet keeps kopf's ToggleSet contract: each scenario runs on both classes; install() gives it
+to kopf's orchestrator only, and only while its self-test passes on the installed kopf.
 
 The restart it speeds up is measured by bench/toggles.py (kopf's pre-population replayed) and
 bench/scale.py (a real operator restarted with 1,000 servers); here only behaviour is checked.
@@ -7,9 +8,14 @@ bench/scale.py (a real operator restarted with 1,000 servers); here only behavio
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 
+import kopf
 import pytest
 from kopf._cogs.aiokits import aiotoggles
+from kopf._cogs.structs import references
+from kopf._core.reactor import orchestration, running
 
 from vllm_operator.kopfext import toggles
 
@@ -126,32 +132,119 @@ def test_kopf_prepopulation_releases_no_worker_before_the_last_object_is_indexed
     run(scenario())
 
 
-def test_install_makes_kopfs_reactor_build_ours(monkeypatch):
-    from kopf._core.reactor import orchestration, running
-
+@pytest.fixture
+def kopf_as_shipped(monkeypatch):
+    """kopf's modules as the package left them, restored after the test."""
     monkeypatch.setattr(aiotoggles, "ToggleSet", toggles.KopfToggleSet)
-    toggles.install()
-    toggles.install()
-    assert aiotoggles.ToggleSet is toggles.ToggleSet
-    # kopf's reactor looks the class up through the module when the operator starts
-    assert orchestration.aiotoggles is aiotoggles and running.aiotoggles is aiotoggles
-    assert isinstance(aiotoggles.ToggleSet(all), toggles.KopfToggleSet)
+    monkeypatch.setattr(orchestration, "aiotoggles", aiotoggles)
+    monkeypatch.delenv(toggles.BASELINE_ENV, raising=False)
+    yield
 
 
-def test_install_keeps_kopfs_class_when_its_shape_changed(monkeypatch):
-    class Reshaped:  # a future kopf whose ToggleSet keeps no Condition shared with its toggles
-        def __init__(self, fn):
-            self._fn = fn
+def captured_index_wait(monkeypatch) -> object:
+    """Run kopf's own orchestrator (no resources) until it has built its index wait; return that set."""
+    built = []
 
-    monkeypatch.setattr(aiotoggles, "ToggleSet", toggles.KopfToggleSet)
-    assert toggles.fits(toggles.KopfToggleSet) and not toggles.fits(Reshaped)
-    monkeypatch.setattr(toggles, "KopfToggleSet", Reshaped)
-    toggles.install()
-    assert aiotoggles.ToggleSet is not toggles.ToggleSet
+    class Capturing(orchestration.Ensemble):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            built.append(self.operator_indexed)
+
+    monkeypatch.setattr(orchestration, "Ensemble", Capturing)
+
+    async def scenario():
+        task = asyncio.create_task(orchestration.orchestrator(
+            processor=lambda **_: None, settings=kopf.OperatorSettings(), identity="test",
+            insights=references.Insights(), operator_paused=aiotoggles.ToggleSet(any)))
+        while not built:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    run(scenario())
+    return built[0]
 
 
-def test_the_benchmark_baseline_keeps_kopfs_class(monkeypatch):
-    monkeypatch.setattr(aiotoggles, "ToggleSet", toggles.KopfToggleSet)
+def test_the_self_test_passes_on_the_installed_kopf():
+    assert toggles.self_test() is None
+
+
+def test_install_gives_kopfs_orchestrator_ours_and_the_rest_of_kopf_its_own(kopf_as_shipped, monkeypatch):
+    assert type(captured_index_wait(monkeypatch)) is toggles.KopfToggleSet
+    assert toggles.install() is None and toggles.install() is None  # idempotent
+    assert toggles.installed()
+    assert type(captured_index_wait(monkeypatch)) is toggles.ToggleSet  # kopf's own orchestrator builds ours
+    # peering's pause (kopf's operator_paused, built in running.py) and anything else keep kopf's class
+    assert running.aiotoggles.ToggleSet is toggles.KopfToggleSet is aiotoggles.ToggleSet
+    assert orchestration.aiotoggles.Toggle is aiotoggles.Toggle
+    toggles.uninstall()
+    assert orchestration.aiotoggles is aiotoggles
+
+
+def load_against(monkeypatch, kopf_class: type):
+    """A fresh copy of toggles.py imported while kopf's aiotoggles.ToggleSet is `kopf_class` (a future kopf)."""
+    monkeypatch.setattr(aiotoggles, "ToggleSet", kopf_class)
+    spec = importlib.util.spec_from_file_location("reshaped_toggles", toggles.__file__)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "reshaped_toggles", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+class ConditionRenamed(toggles.KopfToggleSet):
+    """A future kopf whose set and toggles share a condition kept under another name: kopf's own waits still
+    work, ours would never be notified."""
+
+    def __init__(self, fn):
+        super().__init__(fn)
+        self._shared = self._condition
+
+    async def make_toggle(self, __val=False, *, name=None):
+        toggle = aiotoggles.Toggle(__val, name=name, condition=self._shared)
+        async with self._shared:
+            self._toggles.add(toggle)
+            self._shared.notify_all()
+        return toggle
+
+    async def drop_toggle(self, toggle):
+        async with self._shared:
+            self._toggles.discard(toggle)
+            self._shared.notify_all()
+
+    async def wait_for(self, __state):
+        async with self._shared:
+            await self._shared.wait_for(lambda: self.is_on() == bool(__state))
+
+
+class ArgumentsChanged(toggles.KopfToggleSet):
+    """A future kopf whose ToggleSet takes its function by keyword only."""
+
+    def __init__(self, *, fn=all):
+        super().__init__(fn)
+
+
+@pytest.mark.parametrize("reshaped", [ConditionRenamed, ArgumentsChanged])
+def test_a_reshaped_toggleset_keeps_kopfs_class_in_the_orchestrator(kopf_as_shipped, monkeypatch, reshaped):
+    module = load_against(monkeypatch, reshaped)
+    reason = module.self_test()
+    assert reason is not None and "scenario" in reason
+    assert module.install() == reason
+    assert orchestration.aiotoggles is aiotoggles and not module.installed()
+    if reshaped is ConditionRenamed:  # kopf's own class still passes its half of the scenario: ours failed
+        assert reason.startswith("reshaped_toggles.ToggleSet")
+        assert run(toggles._scenario(reshaped)) == toggles.EXPECTED_TRACE
+
+
+def test_an_orchestrator_that_builds_its_wait_otherwise_keeps_kopfs_class(kopf_as_shipped, monkeypatch):
+    async def orchestrator(**_):  # a future kopf: the set is built elsewhere
+        return None
+
+    monkeypatch.setattr(orchestration, "orchestrator", orchestrator)
+    assert "orchestrator" in (toggles.install() or "")
+    assert not toggles.installed()
+
+
+def test_the_benchmark_baseline_keeps_kopfs_class(kopf_as_shipped, monkeypatch):
     monkeypatch.setenv(toggles.BASELINE_ENV, "kopf")
-    toggles.install()
-    assert aiotoggles.ToggleSet is toggles.KopfToggleSet
+    assert toggles.BASELINE_ENV in (toggles.install() or "")
+    assert orchestration.aiotoggles is aiotoggles

@@ -23,11 +23,11 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, builders, hub, telemetry
-from .controller import apierrors, apisession, events, replan
+from . import api, builders, hub, kopfext, telemetry
+from .controller import apierrors, events, replan
 from .informers import cache, kopfindex
 from .informers.reader import ReadFailed
-from .kopfext import peering, persistence, toggles
+from .kopfext import peering
 from .autoscaler import actuator, ownership
 from .controller.kube import ApiError, Kube
 from .controller.reconcile import Reconciler
@@ -169,12 +169,7 @@ class Operator:
 
     # ---- handlers (registered by register_handlers)
     def configure(self, settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.finalizer = FINALIZER
-        # kopf's own writes: the finalizer, progress annotations only while a handler is retried, the diff base
-        # in memory (persistence.py: one patch per server instead of two).
-        settings.persistence.progress_storage = persistence.ProgressAnnotationsStorage(prefix=ANNOTATION_PREFIX)
-        settings.persistence.diffbase_storage = persistence.MemoryDiffBaseStorage(
-            prefix=ANNOTATION_PREFIX, key="last-handled-configuration", finalizer=FINALIZER)
+        settings.persistence.finalizer = FINALIZER  # kopf's storages: kopfext.install() in run()
         settings.posting.level = logging.WARNING  # our own events say what happened; kopf's only on trouble
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
@@ -216,8 +211,7 @@ class Operator:
         await self.scaling.daemon(**kwargs)
 
 
-def register_handlers(registry: kopf.OperatorRegistry, op: Operator, *, resync_seconds: float,
-                      connection_limit: int) -> None:
+def register_handlers(registry: kopf.OperatorRegistry, op: Operator, *, resync_seconds: float) -> None:
     """Every kopf handler of the operator, on one registry (handler ids as before: progress annotations and
     index kwargs keep their names)."""
     reg = {"registry": registry}
@@ -238,9 +232,6 @@ def register_handlers(registry: kopf.OperatorRegistry, op: Operator, *, resync_s
     if op.scaling is not None:
         kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="autoscaler", when=ownership.runs_operator_loop,
                     cancellation_timeout=30.0, **reg)(op.autoscaler)
-    # kopf's HTTP connections in a bounded pool (apisession.py).
-    kopf.on.login(**reg)(apisession.make_login(connection_limit))
-
 
 # --------------------------------------------------------------------------- entry point
 def run(args: argparse.Namespace) -> int:
@@ -255,11 +246,8 @@ def run(args: argparse.Namespace) -> int:
     # status.kvCapacity: what vLLM allocated beside the plan, read through the autoscaler's bounded scrape pool.
     reconciler.kv_capacity = op.scaling.sources.kv_capacity
     namespaces = list(args.namespace)
-    # kopf's HTTP connections: servers, each managed kind, pods, peering.
-    watched = len(reconciler.managed_kinds()) + 3
     registry = kopf.OperatorRegistry()
-    register_handlers(registry, op, resync_seconds=args.resync_seconds,
-                      connection_limit=apisession.connection_limit(watched, len(namespaces)))
+    register_handlers(registry, op, resync_seconds=args.resync_seconds)
     audits = kopfindex.start_audits(reconciler.kube, op.objects, reconciler.managed_kinds(), namespaces)
     priority = None
     if args.peering is not None:  # HA: one active replica (peering.py, docs/ha.md)
@@ -269,9 +257,13 @@ def run(args: argparse.Namespace) -> int:
         priority = peering.default_priority() if priority is None else priority
         log.info("peering %r with priority %d, keep-alive lifetime %d s", args.peering, priority,
                  op.peering_lifetime)
-    # kopf's start-up wait for its indices is quadratic in the objects listed (toggles.py): linear here.
-    toggles.install()
     settings = kopf.OperatorSettings()
+    # Every adaptation of kopf, each behind a self-test (kopfext/): the linear start-up wait for the indices, kopf's
+    # storages (one patch per server), its HTTP connections in a pool sized by the watches (servers, each managed
+    # kind, pods, peering).
+    watched = len(reconciler.managed_kinds()) + 3
+    kopfext.install(settings, finalizer=FINALIZER, prefix=ANNOTATION_PREFIX,
+                    connections=kopfext.session.connection_limit(watched, len(namespaces)), registry=registry)
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (telemetry.py); kopf's own liveness endpoint stays off.
     server = telemetry.serve(args.health_port, op.health) if args.health_port else None

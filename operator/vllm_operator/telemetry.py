@@ -54,6 +54,9 @@ AUTOSCALER_AT_MAX = Gauge(
     "autoscaler_at_max_replicas", "1 while the autoscaler's last decision wanted more replicas than maxReplicas "
     "(AutoscalingLimited=True, AtMaxReplicas), else 0; kept through a hold; only for autoscaling.mode Operator.",
     ["namespace", "name"], namespace=NAMESPACE)
+KOPF_ADAPTATION = Gauge(
+    "kopf_adaptation", "1 while an adaptation of kopf (kopfext/) is in effect, 0 when its start-up self-test failed "
+    "and kopf's own behaviour is used instead (the log says why).", ["adaptation"], namespace=NAMESPACE)
 BUILD_INFO = Gauge("build_info", "The operator's version and the vLLM release its flags are checked against.",
                    ["version", "vllm_version"], namespace=NAMESPACE)
 BUILD_INFO.labels(version=__version__, vllm_version=api.VLLM_VERSION).set(1)
@@ -116,6 +119,10 @@ def _remove(gauge: Gauge, namespace: str, name: str) -> None:
         gauge.remove(namespace, name)
     except KeyError:  # never set in this process
         pass
+
+
+def record_kopf_adaptation(name: str, applied: bool) -> None:
+    KOPF_ADAPTATION.labels(adaptation=name).set(1 if applied else 0)
 
 
 def api_write_labels(method: str, path: str, content_type: str = "") -> Optional[tuple[str, str]]:

@@ -18,6 +18,23 @@ write to a custom resource is among the costliest for the API server. Here:
 
 The reconcile itself is level-based (reconcile.py), so a cause that kopf names differently
 after a restart (create, resume, update) ends in the same call.
+
+Both are kopf's supported extension point (`settings.persistence.diffbase_storage` and
+`progress_storage`: storages of one's own, nolar/kopf#702), subclasses of kopf's public
+annotation storages, written against kopf 1.45.2. What they take from kopf beyond the
+documented interface is checked by `self_test()` when the operator starts; on a failure
+kopf's own storage is used for that part, with a warning (more patches, same behaviour).
+
+The marker (`<prefix>/kopf-managed`, nolar/kopf#539 after zalando-incubator/kopf#372) is
+kopf's protection against a ping-pong between two kopf-based operators handling the same
+object: an operator ignores, in what it compares, the annotations under any prefix that
+carries the marker, so the other's progress and diff-base writes never look like a change
+to react to (and to store, growing the object each round). It matters only while an
+annotation of ours is on the object; it is still written with every patch that writes one
+(a retry's progress record), and kopf never removes it. Left out is only the marker alone, in
+the patch that ends a successful handling and that would otherwise carry nothing at all;
+the operator itself never reads it (its own prefix is cleared from what it compares by
+kopf's progress storage either way).
 """
 
 from __future__ import annotations
@@ -92,3 +109,70 @@ class ProgressAnnotationsStorage(kopf.AnnotationsProgressStorage):
                 del patch["metadata"]["annotations"]
                 if not patch["metadata"]:
                     del patch["metadata"]
+
+
+# --------------------------------------------------------------------------- self-test
+_SELF_TEST_PREFIX = "self-test.invalid"
+
+
+def _body(*, finalizer: Optional[str] = None, annotations: Optional[dict] = None) -> kopf.Body:
+    meta: dict[str, Any] = {"name": "s", "namespace": "ns", "uid": "self-test"}
+    if finalizer:
+        meta["finalizers"] = [finalizer]
+    if annotations:
+        meta["annotations"] = annotations
+    return kopf.Body({"apiVersion": "example.invalid/v1", "kind": "X", "metadata": meta, "spec": {"a": 1},
+                      "status": {"b": 2}})
+
+
+def self_test_progress() -> Optional[str]:
+    """None when ProgressAnnotationsStorage drops exactly kopf's lone marker; else what differs."""
+    marker = f"{_SELF_TEST_PREFIX}/{MARKER_NAME}"
+    record = {"started": "2026-01-01T00:00:00", "retries": 1}
+    outcomes = {}
+    for cls in (kopf.AnnotationsProgressStorage, ProgressAnnotationsStorage):
+        storage = cls(prefix=_SELF_TEST_PREFIX)
+        retried, succeeded = kopf.Patch(), kopf.Patch()
+        storage.store(key="h", record=record, body=_body(), patch=retried)
+        storage.store(key="h", record={**record, "success": True}, body=_body(), patch=succeeded)
+        storage.purge(key="h", body=_body(), patch=succeeded)
+        outcomes[cls] = (retried, succeeded)
+    kopf_retried, kopf_succeeded = outcomes[kopf.AnnotationsProgressStorage]
+    ours_retried, ours_succeeded = outcomes[ProgressAnnotationsStorage]
+    if kopf_succeeded != {"metadata": {"annotations": {marker: "yes"}}}:
+        return f"kopf's progress storage no longer ends a successful handling with the lone marker ({kopf_succeeded})"
+    if marker not in ((kopf_retried.get("metadata") or {}).get("annotations") or {}):
+        return "kopf's progress storage no longer writes its marker with a retry record"
+    if ours_retried != kopf_retried or ours_succeeded != {}:
+        return f"the subclass wrote {ours_retried} and {ours_succeeded}, not kopf's record and nothing"
+    return None
+
+
+def self_test_diffbase(finalizer: str = f"{_SELF_TEST_PREFIX}/finalizer") -> Optional[str]:
+    """None when MemoryDiffBaseStorage reads kopf's annotation and keeps its own bases in memory; else what differs."""
+    key = "last-handled-configuration"
+    kopf_storage = kopf.AnnotationsDiffBaseStorage(prefix=_SELF_TEST_PREFIX, key=key)
+    plain = _body(finalizer=finalizer)
+    essence = kopf_storage.build(body=plain)
+    if essence != {"spec": {"a": 1}}:
+        return f"kopf's diff base of a plain object is {essence}, not its spec"
+    written = kopf.Patch()
+    kopf_storage.store(body=plain, patch=written, essence=essence)
+    annotations = dict((written.get("metadata") or {}).get("annotations") or {})
+    annotations.pop(f"{_SELF_TEST_PREFIX}/{MARKER_NAME}", None)
+    earlier = _body(finalizer=finalizer, annotations=annotations)
+    ours = MemoryDiffBaseStorage(prefix=_SELF_TEST_PREFIX, key=key, finalizer=finalizer)
+    if kopf_storage.fetch(body=earlier) != essence or ours.fetch(body=earlier) != essence:
+        return "kopf's last-handled-configuration annotation is no longer read back as the essence"
+    if ours.build(body=earlier) != essence:
+        return "kopf's diff base no longer leaves its own annotation out of the essence"
+    fresh = MemoryDiffBaseStorage(prefix=_SELF_TEST_PREFIX, key=key, finalizer=finalizer)
+    if fresh.fetch(body=_body()) is not None or fresh.fetch(body=plain) is not None:
+        return "a new object does not read as new"
+    patch = kopf.Patch()
+    fresh.store(body=plain, patch=patch, essence=essence)
+    if patch or fresh.fetch(body=plain) != essence:
+        return "the diff base is not kept in memory"
+    if MemoryDiffBaseStorage(prefix=_SELF_TEST_PREFIX, key=key, finalizer=finalizer).fetch(body=plain) != essence:
+        return "an object finalized by an earlier process does not read as unchanged"
+    return None
