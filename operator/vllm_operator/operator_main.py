@@ -184,11 +184,11 @@ class Operator:
         if not self.objects.ready:
             self.objects.bind(kwargs)
 
-    def on_change(self, namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
+    def on_change(self, *, namespace: Any, name: Any, logger: Any, **kwargs: Any) -> None:
         self.bind(kwargs)
         self.reconcile(namespace, name, logger, retry=kwargs.get("retry") or 0)
 
-    def on_timer(self, namespace: str, name: str, logger: Any, **kwargs: Any) -> None:
+    def on_timer(self, *, namespace: Any, name: Any, logger: Any, **kwargs: Any) -> None:
         self.bind(kwargs)
         self.reconcile(namespace, name, logger, retry=kwargs.get("retry") or 0)
 
@@ -214,24 +214,23 @@ class Operator:
 def register_handlers(registry: kopf.OperatorRegistry, op: Operator, *, resync_seconds: float) -> None:
     """Every kopf handler of the operator, on one registry (handler ids as before: progress annotations and
     index kwargs keep their names)."""
-    reg = {"registry": registry}
-    kopf.on.startup(id="configure", **reg)(op.configure)
-    kopf.on.startup(id="watch_event_loop", **reg)(op.watch_event_loop)
+    kopf.on.startup(id="configure", registry=registry)(op.configure)
+    kopf.on.startup(id="watch_event_loop", registry=registry)(op.watch_event_loop)
     # Create/update/resume of a server, its periodic resync (repairs drift no watch event announces), and events
     # of its children all end in one reconcile.
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        on(api.GROUP, api.VERSION, api.PLURAL, id="on_change", **reg)(op.on_change)
+        on(api.GROUP, api.VERSION, api.PLURAL, id="on_change", registry=registry)(op.on_change)
     kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=resync_seconds, initial_delay=resync_seconds,
-               sharp=False, id="on_timer", **reg)(op.on_timer)
+               sharp=False, id="on_timer", registry=registry)(op.on_timer)
     for group, version, plural in (("apps", "v1", "statefulsets"), ("apps", "v1", "daemonsets"),
                                    ("", "v1", "services")):
-        kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"on_child/{plural}", **reg)(op.on_child)
+        kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"on_child/{plural}", registry=registry)(op.on_child)
     # The watch-fed copies the reconciler and the autoscaler read (informers/kopfindex.py).
     kopfindex.register(registry, op.objects, op.reconciler.managed_kinds())
     # One queue-based autoscaler loop per VLLMServer with autoscaling.mode Operator (autoscaler/actuator.py).
     if op.scaling is not None:
         kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="autoscaler", when=ownership.runs_operator_loop,
-                    cancellation_timeout=30.0, **reg)(op.autoscaler)
+                    cancellation_timeout=30.0, registry=registry)(op.autoscaler)
 
 # --------------------------------------------------------------------------- entry point
 def run(args: argparse.Namespace) -> int:

@@ -91,9 +91,9 @@ def startup_budget(pod: dict[str, Any]) -> float:
 
 def _started_at(pod: dict[str, Any]) -> Optional[float]:
     """When the pod's server last (re)started loading: its newest container start, else its creation."""
-    times = [_parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
-             for cs in (pod.get("status") or {}).get("containerStatuses") or []]
-    times = [t for t in times if t is not None]
+    parsed = [_parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+              for cs in (pod.get("status") or {}).get("containerStatuses") or []]
+    times = [t for t in parsed if t is not None]
     return max(times) if times else _parse_time(pod["metadata"].get("creationTimestamp"))
 
 

@@ -165,7 +165,7 @@ class Result:
     applied: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
     status_written: bool = False
-    events: list[tuple[str, str]] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
     ready: bool = False
     """The Ready condition this reconcile wrote is True (for the operator's vllm_operator_server_ready)."""
     replicas: int = 0
@@ -222,7 +222,7 @@ class Reconciler:
     hf_token: Callable[[], Union[str, bool]] = lambda: False
     prometheus_url: Optional[str] = None
     clock: Callable[[], str] = utcnow
-    fetch_config: Callable[..., dict] = field(default=None)  # type: ignore[assignment]
+    fetch_config: Optional[Callable[..., dict]] = None
     #: config.json facts fetched for servers, kept between reconciles (catalog.ConfigCache).
     configs: catalog.ConfigCache = field(default_factory=catalog.ConfigCache)
     #: The URLs a spec may point the operator at (urlpolicy.py); None: any (tests that build a Reconciler).
@@ -293,7 +293,7 @@ class Reconciler:
         spec, run.errors = pipeline.parse_spec(run.body.get("spec") or {})
         if spec is None:
             return
-        kwargs = {"fetch": self.fetch_config} if self.fetch_config else {}
+        kwargs: dict[str, Any] = {"fetch": self.fetch_config} if self.fetch_config is not None else {}
         run.spec = spec
         run.plan = pipeline.plan_server(run.name, run.namespace, spec, hf_endpoint=self.hf_endpoint,
                                         hf_token=self.hf_token() if self.hf_endpoint else False,
@@ -434,7 +434,7 @@ class Reconciler:
             result.events.append(("Warning", kvcapacity.EVENT_REASON, kvcapacity.warning(kv)))
         if kv is None:
             return None
-        return api.KVCapacityStatus.from_live(kv) if kv is previous else api.KVCapacityStatus.model_validate(kv)
+        return api.KVCapacityStatus.from_live(previous) if kv is previous else api.KVCapacityStatus.model_validate(kv)
 
     def _names_taken(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
                      uid: str) -> list[dict[str, Any]]:
@@ -526,6 +526,8 @@ class Reconciler:
     def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
         """Why the namespace's Pod Security level would refuse the workload's pods, if it would."""
         level = podsecurity.enforced_level(self.namespace_labels(namespace))
+        if level is None:
+            return None
         for obj in desired:
             if obj["kind"] in ("StatefulSet", "DaemonSet"):
                 found = podsecurity.violations(obj["spec"]["template"]["spec"], level)

@@ -112,7 +112,7 @@ def _plain(value: Any) -> Any:
 def resource_version(obj: Optional[Mapping[str, Any]]) -> int:
     """The resourceVersion as a number (etcd's revision); -1 when absent or not a number."""
     try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion"))
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion"))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return -1
 
@@ -298,8 +298,10 @@ class WatchedObjects:
         index = self.indices.get(index_id) if self.indices else None
         covering = {(listing.kind, listing.namespace): (listing.version, {_uid(o) for o in listing.items})
                     for listing in listings}
-        gone, indexed = [], set()
+        gone: list[dict] = []
+        indexed: set[Optional[str]] = set()
         for key in _keys(index):
+            assert index is not None  # _keys(None) is empty
             for obj in map(unpack, _values(index, key)):
                 uid, kind = _uid(obj), obj.get("kind")
                 indexed.add(uid)
@@ -311,7 +313,7 @@ class WatchedObjects:
         for uid in [u for u in _keys(seen) if u not in indexed]:
             seen.pop(uid, None)
         with self._lock:
-            self._gone[index_id] = (self._gone.get(index_id, frozenset()) & indexed) | {_uid(o) for o in gone}
+            self._gone[index_id] = (self._gone.get(index_id, frozenset()) & indexed) | {u for u in map(_uid, gone) if u is not None}
         return gone
 
     def _index(self, index_id: str) -> Mapping:

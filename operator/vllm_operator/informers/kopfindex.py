@@ -63,7 +63,7 @@ def register(registry: kopf.OperatorRegistry, objects: cache.WatchedObjects, kin
 
 # --------------------------------------------------------------------------- audits
 def audit_lists(kinds: Sequence[Kind], index_id: str,
-                namespaces: list[str]) -> list[tuple[str, str, Optional[str], Optional[str]]]:
+                namespaces: Sequence[Optional[str]]) -> list[tuple[str, str, Optional[str], Optional[str]]]:
     """(apiVersion, kind, namespace, label selector) of the LISTs that audit one index: what kopf watches."""
     selector = ",".join(f"{k}={v}" for k, v in CHILD_LABELS.items())
     if index_id == cache.SERVERS_INDEX:

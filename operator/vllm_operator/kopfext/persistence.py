@@ -121,21 +121,23 @@ def _body(*, finalizer: Optional[str] = None, annotations: Optional[dict] = None
         meta["finalizers"] = [finalizer]
     if annotations:
         meta["annotations"] = annotations
-    return kopf.Body({"apiVersion": "example.invalid/v1", "kind": "X", "metadata": meta, "spec": {"a": 1},
-                      "status": {"b": 2}})
+    raw: Any = {"apiVersion": "example.invalid/v1", "kind": "X", "metadata": meta, "spec": {"a": 1},
+                "status": {"b": 2}}
+    return kopf.Body(raw)
 
 
 def self_test_progress() -> Optional[str]:
     """None when ProgressAnnotationsStorage drops exactly kopf's lone marker; else what differs."""
     marker = f"{_SELF_TEST_PREFIX}/{MARKER_NAME}"
-    record = {"started": "2026-01-01T00:00:00", "retries": 1}
+    record: Any = {"started": "2026-01-01T00:00:00", "retries": 1}
+    key: Any = "h"
     outcomes = {}
     for cls in (kopf.AnnotationsProgressStorage, ProgressAnnotationsStorage):
         storage = cls(prefix=_SELF_TEST_PREFIX)
         retried, succeeded = kopf.Patch(), kopf.Patch()
-        storage.store(key="h", record=record, body=_body(), patch=retried)
-        storage.store(key="h", record={**record, "success": True}, body=_body(), patch=succeeded)
-        storage.purge(key="h", body=_body(), patch=succeeded)
+        storage.store(key=key, record=record, body=_body(), patch=retried)
+        storage.store(key=key, record={**record, "success": True}, body=_body(), patch=succeeded)
+        storage.purge(key=key, body=_body(), patch=succeeded)
         outcomes[cls] = (retried, succeeded)
     kopf_retried, kopf_succeeded = outcomes[kopf.AnnotationsProgressStorage]
     ours_retried, ours_succeeded = outcomes[ProgressAnnotationsStorage]

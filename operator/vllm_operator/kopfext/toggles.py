@@ -208,11 +208,11 @@ def install() -> Optional[str]:
     failed = self_test()
     if failed is not None:
         return failed
-    orchestration.aiotoggles = _ORCHESTRATION_TOGGLES  # type: ignore[attr-defined]
+    orchestration.aiotoggles = _ORCHESTRATION_TOGGLES  # type: ignore[assignment]
     return None
 
 
 def uninstall() -> None:
     """kopf's own class again (tests)."""
     if installed():
-        orchestration.aiotoggles = aiotoggles  # type: ignore[attr-defined]
+        orchestration.aiotoggles = aiotoggles
