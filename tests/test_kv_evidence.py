@@ -531,3 +531,18 @@ def test_pooling_model_leaves_prefix_caching_to_vllm():
     assert not any("prefix-caching" in a for a in pooled.args)
     assert "--enable-prefix-caching" in generative.args
     assert any(n.startswith("prefix caching left to vLLM") for n in pooled.notes)
+
+
+@pytest.mark.vllm
+def test_video_item_is_vllms_own_count():
+    """vLLM 0.32's Qwen2_5_VLProcessingInfo.get_mm_max_tokens_per_item, run on the config with the preprocessor's
+    published pixel limits (tests/harness/vllm_mm_items.py says what it stands in for), gives per max_model_len the
+    image and video sizes the planner's vision_item profiles the larger of."""
+    from tests.harness import vllm_env
+
+    lengths = [4096, 16384, 32767, 40000, 98304, 128000, 262144]
+    vllm_items = vllm_env.mm_max_tokens_per_item(QWEN25_VL, lengths, min_pixels=3136, max_pixels=12845056)
+    arch, terms = qwen25_vl_arch(), planner.profile_terms("0.32.0")
+    for length, item in zip(lengths, vllm_items):
+        assert planner.vision_item(arch, length, terms)[0] == max(item.values()), (length, item)
+        assert planner.vision_item(arch, length, terms, {"video": 0})[0] == item["image"]
