@@ -2,9 +2,11 @@
 
 Runs under the vLLM virtualenv's python. Reads from stdin a JSON object ``{"config": <config.json as a dict>,
 "max_pixels": n, "min_pixels": n, "lengths": [max_model_len, ...]}`` and writes to stdout
-``{"vllm_version": "0.32.0", "items": [{"image": n, "video": n}, ...]}``: what
+``{"vllm_version": "0.32.0", "items": [{"image": n, "video": n}, ...], "batches": [...]}``: what
 ``Qwen2_5_VLProcessingInfo.get_mm_max_tokens_per_item(seq_len=length, mm_counts={"image": 1, "video": 1})``
-returns, the per-modality sizes MultiModalBudget profiles the largest of (vllm/multimodal/encoder_budget.py).
+returns, the per-modality sizes MultiModalBudget profiles the largest of (vllm/multimodal/encoder_budget.py); and
+for each of the request's optional ``"batches"`` (``{"tokens", "batched", "seqs", "max_model_len"}``) the encoder
+budget and how many items of that size vLLM profiles at once (``profiled_items``).
 
 Two parts are stood in for, because the venv and the machine lack them, and only for that: transformers'
 ``image_processing_qwen2_vl`` module imports torchvision (not in the CPU venv), so it is replaced by a module that
@@ -58,8 +60,26 @@ def main() -> int:
     info._merge_and_resolve_mm_processor_kwargs = lambda kwargs: {}  # type: ignore[method-assign]  # no mm_processor_kwargs
     items = [dict(info.get_mm_max_tokens_per_item(seq_len=n, mm_counts={"image": 1, "video": 1}))
              for n in request["lengths"]]
-    real_stdout.write(json.dumps({"vllm_version": vllm.__version__, "items": items}))
+    real_stdout.write(json.dumps({"vllm_version": vllm.__version__, "items": items,
+                                  "batches": [profiled_items(**b) for b in request.get("batches", [])]}))
     return 0
+
+
+def profiled_items(tokens: int, batched: int, seqs: int, max_model_len: int, limit: int = 999) -> dict:
+    """vLLM's encoder budget and the number of items of `tokens` embeddings it profiles at once: a real
+    SchedulerConfig, compute_mm_encoder_budget and MultiModalBudget._get_max_items (on an object holding the
+    attributes that method reads: the budget, the limit, max_model_len and the scheduler's)."""
+    from vllm.config import SchedulerConfig
+    from vllm.multimodal.encoder_budget import MultiModalBudget
+    from vllm.v1.core.encoder_cache_manager import compute_mm_encoder_budget
+
+    scheduler = SchedulerConfig(max_num_batched_tokens=batched, max_num_seqs=seqs, max_model_len=max_model_len,
+                                is_encoder_decoder=False)
+    compute, cache = compute_mm_encoder_budget(scheduler, {"image": tokens})
+    budget = types.SimpleNamespace(get_encoder_budget=lambda: min(compute, cache), mm_limits={"image": limit},
+                                   max_model_len=max_model_len, scheduler_config=scheduler, max_num_reqs=seqs)
+    _, per_batch = MultiModalBudget._get_max_items(budget, "image", tokens)  # type: ignore[arg-type]
+    return {"budget": min(compute, cache), "items": per_batch}
 
 
 if __name__ == "__main__":
