@@ -559,3 +559,16 @@ def test_profiled_items_are_vllms_own_count():
         ours = planner.vision_profile_bytes(probe, 1, batch["batched"], 1)[1] // tokens  # embeddings / item size
         binds = batch["seqs"] * max(1, batch["max_model_len"] // tokens) < max(batch["batched"], tokens) // tokens
         assert ours >= vllm_count["items"] and (binds or ours == vllm_count["items"]), (batch, vllm_count, ours)
+
+
+@pytest.mark.vllm
+def test_pooling_and_multimodal_args_pass_vllms_parser():
+    """--runner pooling (no prefix-caching flag, the raised batch) and a multimodal plan with --limit-mm-per-prompt
+    in extraArgs are accepted by vLLM 0.32's own `vllm serve` parser and engine-args checks."""
+    from tests.harness import vllm_env
+
+    pooled = embed_plan(True)
+    images = vl_plan(qwen25_vl_arch(), "NVIDIA-H100-80GB-HBM3", extraArgs=["--limit-mm-per-prompt", '{"video": 0}'])
+    assert pooled.fits and images.fits
+    results = vllm_env.check_args([pooled.args, images.args])
+    assert all(r["ok"] for r in results), results
