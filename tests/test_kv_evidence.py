@@ -58,6 +58,8 @@ def architecture(row: dict[str, Any]) -> api.ModelArchitecture:
         updates["quantization"] = "compressed-tensors"
     if row.get("kv_layers"):
         updates["num_layers"] = row["kv_layers"]
+    if row.get("parameter_count"):  # the Hub's count of the checkpoint's tensors (what the operator sizes with)
+        updates["parameter_count"] = row["parameter_count"]
     return arch.model_copy(update=updates)
 
 
@@ -133,7 +135,7 @@ def test_every_row_names_a_source_and_a_comparison():
             assert row["tokens"] in ("logged", "derived") and "kv_cache_gib" in row["logged"], row["id"]
     assert len(COMPARED) >= 15
     kinds = " ".join(row["kind"] for row in COMPARED)
-    assert "sliding window" in kinds and "MLA" in kinds and "MoE" in kinds
+    assert "sliding window" in kinds and "MLA" in kinds and "MoE" in kinds and "multimodal" in kinds
     assert {row["tp"] for row in COMPARED} >= {1, 2, 4}
 
 
@@ -288,7 +290,285 @@ def test_encoder_only_pooling_model_has_no_kv_cache_and_no_sampler():
     assert plan.max_model_len == 512 and plan.max_num_seqs == 80  # Little's law only: no KV cap
     assert plan.kv_cache_tokens == 0 and plan.memory.kv_cache == 0 and plan.kv_bytes_per_token == 0
     forward_only = planner.activation_bytes(arch, 1, plan.max_num_batched_tokens, plan.max_num_seqs, 2)
-    decoder = planner.activation_bytes(arch.model_copy(update={"encoder_only": None}), 1,
+    decoder = planner.activation_bytes(arch.model_copy(update={"encoder_only": None, "pooling": None}), 1,
                                        plan.max_num_batched_tokens, plan.max_num_seqs, 2)
     assert plan.memory.activation == forward_only < decoder
     assert any("no KV cache" in n for n in plan.notes)
+
+
+# --------------------------------------------------------------------------- multimodal encoders
+QWEN25_VL = json.loads((DATA / "configs" / "Qwen2.5-VL-7B-Instruct.config.json").read_text())
+
+
+def qwen25_vl_arch() -> api.ModelArchitecture:
+    return catalog.architecture_from_config(QWEN25_VL).model_copy(update={"parameter_count": 8_292_166_656})
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    (QWEN25_VL, {"vision_tokens_per_item": 16384, "vision_patches_per_item": 65536, "vision_hidden_size": 1280,
+                 "vision_intermediate_size": 3420, "vision_video_frame_groups": 7}),
+    ({"model_type": "qwen2_vl", "vision_config": {"embed_dim": 1280, "mlp_ratio": 4, "hidden_size": 3584,
+                                                  "patch_size": 14, "spatial_merge_size": 2}},
+     {"vision_tokens_per_item": 16384, "vision_patches_per_item": 65536, "vision_hidden_size": 1280,
+      "vision_intermediate_size": 5120, "vision_video_frame_groups": 7}),
+    ({"model_type": "gemma3", "mm_tokens_per_image": 256, "text_config": {"hidden_size": 5376},
+      "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+                        "image_size": 896, "patch_size": 14}},
+     {"vision_tokens_per_item": 256, "vision_patches_per_item": 4096, "vision_hidden_size": 1152,
+      "vision_intermediate_size": 4304}),
+    ({"model_type": "gemma3", "vision_config": {"hidden_size": 1152, "image_size": 896, "patch_size": 14}}, {}),
+    ({"model_type": "llama4", "vision_config": {"hidden_size": 1408, "image_size": 336, "patch_size": 14}}, {}),
+    ({"model_type": "qwen2", "hidden_size": 3584}, {}),
+])
+def test_vision_facts_from_config(config, expected):
+    """Only towers whose item size config.json (and the published processor default) fixes are read; an incomplete
+    or unknown tower gives nothing rather than a guess."""
+    assert catalog.vision_facts(config) == expected
+
+
+@pytest.mark.parametrize(("tokens", "batched", "items"), [
+    (16384, 16384, 1),  # Qwen2.5-VL, the row above: "a budget of 16384 tokens ... profiled with 1 image items"
+    (16384, 2048, 1),  # the budget is at least one item (compute_mm_encoder_budget)
+    (256, 8192, 32),  # Gemma 3 with vLLM's H100 default batch
+    (256, 2048, 8),
+    (256, 1000, 3),
+])
+def test_vision_profile_items_follow_vllms_encoder_budget(tokens, batched, items):
+    """vLLM 0.32: budget = max(max_num_batched_tokens, tokens per item), items = budget // tokens per item
+    (MultiModalBudget._get_max_items, at least 1); the embeddings kept are items x tokens x the LM's width."""
+    arch = api.ModelArchitecture(vision_tokens_per_item=tokens, vision_patches_per_item=tokens * 4,
+                                 vision_hidden_size=1000, vision_intermediate_size=2000, hidden_size=3000)
+    tower, embeddings = planner.vision_profile_bytes(arch, 1, batched, 2)
+    assert embeddings == items * tokens * 3000 * 2
+    assert tower == items * tokens * 4 * (2 * 2000 + 7 * 1000) * 2
+    halved = planner.vision_profile_bytes(arch, 2, batched, 2)[0]
+    assert halved == items * tokens * 4 * (2000 + 7 * 1000) * 2  # the tower's MLP is split by TP
+
+
+def vl_plan(arch: api.ModelArchitecture, product: str, **engine: Any) -> planner.Plan:
+    spec = api.VLLMServerSpec.model_validate({
+        "model": {"name": "Qwen/Qwen2.5-VL-7B-Instruct", "architecture": arch.model_dump(by_alias=True, exclude_none=True)},
+        "gpu": {"count": 1, "product": product}, "engine": engine})
+    return pipeline.plan_server("vl", "default", spec)
+
+
+NO_VISION = {k: None for k in ("vision_tokens_per_item", "vision_patches_per_item", "vision_hidden_size",
+                               "vision_intermediate_size", "vision_video_frame_groups")}
+
+
+def test_vision_tower_peak_is_the_activation_when_it_is_larger():
+    """On an A100 (256 sequences, 2048 batched tokens) Qwen2.5-VL's tower over one 16384-embedding image (65536
+    patches) peaks above the sampler's 256 x 152064 logits: the plan's activation is the tower's, and its KV cache is
+    smaller than the same model's without a tower by the difference."""
+    arch = qwen25_vl_arch()
+    with_tower = vl_plan(arch, "NVIDIA-A100-SXM4-80GB", maxModelLen=16384)
+    without = vl_plan(arch.model_copy(update=NO_VISION), "NVIDIA-A100-SXM4-80GB", maxModelLen=16384)
+    assert with_tower.fits and without.fits, (with_tower.problems, without.problems)
+    tower, _ = planner.vision_profile_bytes(arch, 1, with_tower.max_num_batched_tokens, 2, 16384)
+    assert with_tower.memory.activation == tower > without.memory.activation
+    assert without.memory.kv_cache - with_tower.memory.kv_cache == tower - without.memory.activation
+    assert any(n.startswith("multimodal: vLLM profiles the vision tower") for n in with_tower.notes)
+    assert not any(n.startswith("multimodal") for n in without.notes)
+
+
+def test_vision_embeddings_add_to_the_language_models_peak():
+    """On an H100 (1024 sequences) the sampler's peak is larger than the tower's, and the tower's embeddings stay in
+    the encoder cache through it: activation = sampler peak + embeddings."""
+    arch = qwen25_vl_arch()
+    plan = vl_plan(arch, "NVIDIA-H100-80GB-HBM3", maxNumBatchedTokens=16384, maxModelLen=16384)
+    tower, embeddings = planner.vision_profile_bytes(arch, 1, 16384, 2, 16384)
+    language = planner.activation_bytes(arch.model_copy(update=NO_VISION), 1, 16384, plan.max_num_seqs, 2)
+    assert tower < language
+    assert plan.memory.activation == language + embeddings
+
+
+def test_video_item_grows_with_max_model_len():
+    """vLLM 0.32 profiles the largest single item: for Qwen2.5-VL a dummy video of as many 2-frame groups (16384
+    embeddings each, the image's size) as max_model_len holds, at most 14 frames (Qwen2VLProcessingInfo
+    .get_num_frames_with_most_features); vLLM 0.8.2 profiled an image (the evidence row)."""
+    arch = qwen25_vl_arch()
+    new, old = planner.profile_terms("0.32.0"), planner.profile_terms("0.8.2")
+    assert planner.vision_item(arch, 8192, new) == (16384, 65536)
+    assert planner.vision_item(arch, 40000, new) == (32768, 131072)
+    assert planner.vision_item(arch, 128000, new) == (114688, 458752)
+    assert planner.vision_item(arch, 10**6, new) == (114688, 458752)
+    assert planner.vision_item(arch, 128000, old) == (16384, 65536)
+    short, full = (vl_plan(arch, "NVIDIA-H100-80GB-HBM3", maxModelLen=n) for n in (16384, 128000))
+    assert full.memory.activation > short.memory.activation
+    assert full.memory.activation == planner.vision_profile_bytes(arch, 1, 8192, 2, 128000, new)[0]
+    assert any("a video, sized for 128000 tokens" in n for n in full.notes)
+    derived = vl_plan(arch, "NVIDIA-H100-80GB-HBM3")  # no length pinned: the model's own 128000 sizes the video
+    assert derived.memory.activation == full.memory.activation
+
+
+def test_gemma3_catalog_entries_carry_the_siglip_tower():
+    for size in ("4b", "12b", "27b"):
+        arch = catalog.lookup_model(f"google/gemma-3-{size}-it")
+        assert arch is not None
+        assert (arch.vision_tokens_per_item, arch.vision_patches_per_item) == (256, 4096)
+    text_only = catalog.lookup_model("google/gemma-3-1b-it")
+    assert text_only is not None and text_only.vision_tokens_per_item is None
+
+
+# --------------------------------------------------------------------------- decoder-based pooling models
+@pytest.mark.parametrize(("architectures", "pooling"), [
+    (["MistralModel"], True),  # intfloat/e5-mistral-7b-instruct
+    (["Qwen2Model"], True),
+    (["Qwen2ForSequenceClassification"], True),
+    (["Qwen2ForRewardModel"], True),
+    (["Qwen3ForCausalLM"], False),  # Qwen3-Embedding: pooling only with --runner pooling (architecture.pooling)
+    (["Qwen2_5_VLForConditionalGeneration"], False),
+    (["InternVLChatModel"], False),  # "ChatModel" is generative and comes first in vLLM's order
+    (["ChatGLMModel"], False),  # ends in "Model", but vLLM registers it as generative
+    (["Qwen2_5OmniModel"], False),
+    (["JinaVLForRanking"], True),  # no pooling suffix, but vLLM registers it as pooling
+    (["BertModel"], True),
+    ([], False),
+    ("MistralModel", False),
+])
+def test_pooling_from_the_configs_architecture(architectures, pooling):
+    """vLLM 0.32's runner "auto" by the architecture name's suffix (config/model.py _SUFFIX_TO_DEFAULTS, in order)."""
+    assert catalog.served_as_pooling({"architectures": architectures}) is pooling
+
+
+QWEN25_7B = json.loads((DATA / "configs" / "Qwen2.5-7B-Instruct.config.json").read_text())
+
+
+def embed_plan(pooling: Optional[bool], extra_args: tuple[str, ...] = ()) -> planner.Plan:
+    arch = catalog.architecture_from_config(QWEN25_7B).model_copy(update={"parameter_count": 7_615_616_512,
+                                                                          "pooling": pooling})
+    spec = api.VLLMServerSpec.model_validate({
+        "model": {"name": "Alibaba-NLP/gte-Qwen2-7B-instruct",
+                  "architecture": arch.model_dump(by_alias=True, exclude_none=True)},
+        "gpu": {"count": 1, "product": "NVIDIA-H100-80GB-HBM3"}, "engine": {"extraArgs": list(extra_args)}})
+    return pipeline.plan_server("embed", "default", spec)
+
+
+def test_decoder_pooling_model_keeps_a_kv_cache_but_sizes_no_sampler():
+    """vLLM 0.32's profile_run pools instead of sampling for a pooling model (_dummy_pooler_run), so the 1024 x
+    152064 logits of the H100 default are not in its peak: the plan's activation is the forward pass alone, the KV
+    cache is larger by the sampler's share, and the args ask for the pooling runner."""
+    pooled, generative = embed_plan(True), embed_plan(None)
+    assert pooled.fits and generative.fits, (pooled.problems, generative.problems)
+    arch = pooled.model.architecture
+    forward = planner.activation_bytes(arch, 1, pooled.max_num_batched_tokens, pooled.max_num_seqs, 2)
+    assert pooled.memory.activation == forward < generative.memory.activation
+    assert pooled.memory.kv_cache - generative.memory.kv_cache == generative.memory.activation - forward
+    assert pooled.kv_cache_tokens > generative.kv_cache_tokens > 0
+    assert pooled.args[pooled.args.index("--runner") + 1] == "pooling" and "--runner" not in generative.args
+    assert any(n.startswith("pooling model:") for n in pooled.notes)
+
+
+def test_pooling_model_keeps_one_batch_beside_a_window():
+    """vLLM 0.32 turns async scheduling off for the pooling runner: one batch in flight, not two."""
+    terms = planner.profile_terms("0.32.0")
+    assert planner.tokens_in_flight(8192, terms) == 16384
+    assert planner.tokens_in_flight(8192, terms, pooling=True) == 8192
+
+
+def test_pooling_model_run_as_generative_by_extra_args_is_refused():
+    """Sized without a sampler but run with --runner generate, vLLM would find less memory than planned."""
+    for runner in ("generate", "auto"):
+        plan = embed_plan(True, ("--runner", runner))
+        assert any(p.field == "spec.model.architecture.pooling" for p in plan.problems), plan.problems
+    assert not any(p.field == "spec.model.architecture.pooling" for p in embed_plan(True, ("--runner=pooling",)).problems)
+    assert embed_plan(True, ("--runner=pooling",)).args.count("--runner=pooling") == 1
+
+
+@pytest.mark.parametrize(("extra", "limits"), [
+    (["--limit-mm-per-prompt", '{"image": 2, "video": 0}'], {"image": 2, "video": 0}),
+    (['--limit-mm-per-prompt={"video": {"count": 0, "num_frames": 8}}'], {"video": 0}),
+    (["--limit-mm-per-prompt.video", "0", "--limit-mm-per-prompt.image=3"], {"video": 0, "image": 3}),
+    (["--limit-mm-per-prompt", "not json"], {}),
+    (["--limit-mm-per-prompt", '{"video": -1, "image": true}'], {}),
+    (["--limit-mm-per-prompt"], {}),
+    (["--max-num-seqs", "4"], {}),
+])
+def test_mm_limits_from_extra_args(extra, limits):
+    assert planner.mm_limits(extra) == limits
+
+
+def test_limit_mm_per_prompt_chooses_the_profiled_item():
+    """Without videos vLLM profiles an image (the 16384-embedding one), without any modality no tower at all; the plan
+    reads --limit-mm-per-prompt from extraArgs and gets the memory back."""
+    arch = qwen25_vl_arch()
+    terms = planner.profile_terms("0.32.0")
+    assert planner.vision_item(arch, 128000, terms, {"video": 0}) == (16384, 65536)
+    assert planner.vision_item(arch, 128000, terms, {"image": 0}) == (114688, 458752)
+    assert planner.vision_item(arch, 128000, terms, {"image": 0, "video": 0}) == (0, 0)
+    both = vl_plan(arch, "NVIDIA-H100-80GB-HBM3", maxModelLen=128000)
+    images = vl_plan(arch, "NVIDIA-H100-80GB-HBM3", maxModelLen=128000,
+                     extraArgs=["--limit-mm-per-prompt", '{"video": 0}'])
+    text = vl_plan(arch, "NVIDIA-H100-80GB-HBM3", maxModelLen=128000,
+                   extraArgs=["--limit-mm-per-prompt", '{"image": 0, "video": 0}'])
+    assert both.memory.kv_cache < images.memory.kv_cache < text.memory.kv_cache
+    assert any("profiles an image instead" in n for n in both.notes)
+    assert not any(n.startswith("multimodal") for n in text.notes)
+
+
+def test_pooling_model_prefills_its_longest_prompt_in_one_batch():
+    """vLLM 0.32 turns chunked prefill off for MEAN/CLS pooling and then refuses max_num_batched_tokens below
+    max_model_len (SchedulerConfig.verify_max_model_len); config.json does not tell the pooling type, so the plan's
+    batch holds the longest prompt, and a smaller pinned one is a warning."""
+    pooled = embed_plan(True)
+    assert pooled.max_num_batched_tokens >= pooled.max_model_len == 32768
+    assert pooled.memory.activation == planner.activation_bytes(pooled.model.architecture, 1, 32768,
+                                                                pooled.max_num_seqs, 2)
+    arch = catalog.architecture_from_config(QWEN25_7B).model_copy(update={"parameter_count": 7_615_616_512,
+                                                                          "pooling": True})
+    pinned = pipeline.plan_server("embed", "default", api.VLLMServerSpec.model_validate({
+        "model": {"name": "Alibaba-NLP/gte-Qwen2-7B-instruct",
+                  "architecture": arch.model_dump(by_alias=True, exclude_none=True)},
+        "gpu": {"count": 1, "product": "NVIDIA-H100-80GB-HBM3"}, "engine": {"maxNumBatchedTokens": 8192}}))
+    assert pinned.max_num_batched_tokens == 8192
+    assert any(n.startswith("warning: maxNumBatchedTokens 8192 is below") for n in pinned.notes)
+    assert embed_plan(None).max_num_batched_tokens == 8192  # a generative model chunks its prefill
+
+
+def test_pooling_model_leaves_prefix_caching_to_vllm():
+    """vLLM enables prefix caching for a pooling model only for LAST pooling; forced on it warns the model may crash."""
+    pooled, generative = embed_plan(True), embed_plan(None)
+    assert not any("prefix-caching" in a for a in pooled.args)
+    assert "--enable-prefix-caching" in generative.args
+    assert any(n.startswith("prefix caching left to vLLM") for n in pooled.notes)
+
+
+@pytest.mark.vllm
+def test_profiled_items_are_vllms_own_count():
+    """vLLM 0.32's own code (tests/harness/vllm_mm_items.py says what it stands in for): per max_model_len,
+    Qwen2_5_VLProcessingInfo.get_mm_max_tokens_per_item on the config with the preprocessor's published pixel
+    limits gives the image and video sizes the planner's vision_item profiles the larger of; per batch,
+    compute_mm_encoder_budget and MultiModalBudget._get_max_items give the items vision_profile_bytes counts (its
+    count is vLLM's wherever max_num_seqs x items per prompt does not bind, and never below it)."""
+    from tests.harness import vllm_env
+
+    lengths = [4096, 16384, 32767, 40000, 98304, 128000, 262144]
+    batches = [{"tokens": t, "batched": b, "seqs": s, "max_model_len": n}
+               for t, b, s, n in [(16384, 16384, 1024, 128000), (16384, 2048, 256, 32768), (114688, 8192, 1024, 128000),
+                                  (256, 8192, 1024, 131072), (256, 2048, 256, 131072), (256, 1000, 256, 8192),
+                                  (256, 8192, 4, 512)]]
+    out = vllm_env.mm_max_tokens_per_item(QWEN25_VL, lengths, min_pixels=3136, max_pixels=12845056, batches=batches)
+    arch, terms = qwen25_vl_arch(), planner.profile_terms("0.32.0")
+    for length, item in zip(lengths, out["items"]):
+        assert planner.vision_item(arch, length, terms)[0] == max(item.values()), (length, item)
+        assert planner.vision_item(arch, length, terms, {"video": 0})[0] == item["image"]
+    for batch, vllm_count in zip(batches, out["batches"]):
+        tokens = batch["tokens"]
+        probe = api.ModelArchitecture(vision_tokens_per_item=tokens, vision_patches_per_item=tokens,
+                                      vision_hidden_size=1, vision_intermediate_size=1, hidden_size=1)
+        ours = planner.vision_profile_bytes(probe, 1, batch["batched"], 1)[1] // tokens  # embeddings / item size
+        binds = batch["seqs"] * max(1, batch["max_model_len"] // tokens) < max(batch["batched"], tokens) // tokens
+        assert ours >= vllm_count["items"] and (binds or ours == vllm_count["items"]), (batch, vllm_count, ours)
+
+
+@pytest.mark.vllm
+def test_pooling_and_multimodal_args_pass_vllms_parser():
+    """--runner pooling (no prefix-caching flag, the raised batch) and a multimodal plan with --limit-mm-per-prompt
+    in extraArgs are accepted by vLLM 0.32's own `vllm serve` parser and engine-args checks."""
+    from tests.harness import vllm_env
+
+    pooled = embed_plan(True)
+    images = vl_plan(qwen25_vl_arch(), "NVIDIA-H100-80GB-HBM3", extraArgs=["--limit-mm-per-prompt", '{"video": 0}'])
+    assert pooled.fits and images.fits
+    results = vllm_env.check_args([pooled.args, images.args])
+    assert all(r["ok"] for r in results), results

@@ -300,6 +300,28 @@ class ModelArchitecture(_Model):
     """The model attends bidirectionally: an encoder-only pooling model (BERT, RoBERTa, XLM-RoBERTa, ModernBERT:
     embedding, classification, reranking). vLLM keeps no KV cache for it (EncoderOnlyAttention has no KV cache
     spec) and runs no sampler, so the plan sizes the weights and the forward pass only (config.json: model_type)."""
+    pooling: Optional[bool] = Field(None)
+    """A decoder served as a pooling model (embedding, classification, reward: Qwen3-Embedding, gte-Qwen2,
+    e5-mistral). vLLM keeps a KV cache for its prompts but never decodes: its profiling run pools instead of
+    sampling (no logits over the vocabulary) and vLLM 0.32 schedules it without async scheduling, so the plan
+    sizes no sampler and passes --runner pooling (config.json: an architecture vLLM serves as pooling by its name,
+    *Model, *ForSequenceClassification, *EmbeddingModel, ...). Encoder-only models are pooling models already."""
+    vision_tokens_per_item: Optional[int] = Field(None, ge=1, le=10_000_000, alias="visionTokensPerItem")
+    """Multimodal models: the most embeddings one image gives the language model (vLLM's max tokens per multimodal
+    item; Gemma 3: config.json mm_tokens_per_image, 256; Qwen2.5-VL: the image processor's max_pixels / 28^2,
+    16384). vLLM profiles its vision tower with a batch of such items before it sizes the KV cache and keeps their
+    embeddings through the language model's profiling run."""
+    vision_patches_per_item: Optional[int] = Field(None, ge=1, le=100_000_000, alias="visionPatchesPerItem")
+    """Multimodal models: the patches the vision tower attends over for one such item (Gemma 3's SigLIP: (896 /
+    14)^2 = 4096; Qwen2.5-VL: 4 per embedding, the 2 x 2 spatial merge)."""
+    vision_video_frame_groups: Optional[int] = Field(None, ge=1, le=4096, alias="visionVideoFrameGroups")
+    """Multimodal models with video: how many image-sized groups of frames one video item holds at most (Qwen2-VL,
+    Qwen2.5-VL: 7, vLLM's 14 frames per video merged in pairs). vLLM profiles a video as long as max_model_len
+    allows, up to this many groups, when it is larger than an image."""
+    vision_hidden_size: Optional[int] = Field(None, ge=1, le=1_000_000, alias="visionHiddenSize")
+    """Multimodal models: the vision tower's width (config.json: vision_config.hidden_size)."""
+    vision_intermediate_size: Optional[int] = Field(None, ge=1, le=10_000_000, alias="visionIntermediateSize")
+    """Multimodal models: the vision tower's MLP width (config.json: vision_config.intermediate_size)."""
     tie_word_embeddings: Optional[bool] = Field(None, alias="tieWordEmbeddings")
     """Whether the output projection shares the embedding matrix (config.json: tie_word_embeddings)."""
     torch_dtype: Optional[Literal["bfloat16", "float16", "float32"]] = Field(None, alias="torchDtype")

@@ -14,6 +14,7 @@ gpu.reservedMemory outside. Every constant is in `ASSUMPTIONS`, with its source.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -102,13 +103,18 @@ class ProfileTerms:
     """Batches in flight at once (VllmConfig.max_concurrent_batches): a sliding-window layer keeps their
     tokens beside its window (SlidingWindowSpec.max_admission_blocks_per_request)."""
     source: str
+    videos_profiled: bool = True
+    """Whether the multimodal profile takes a video as long as max_model_len allows when it is larger than an image
+    (MultiModalBudget asks the processor for one item of each modality: 0.32's source). Assumed from 0.10 on (a
+    release that profiles an image takes less, never more); vLLM 0.8.2 profiled Qwen2.5-VL with an image
+    (QwenLM/Qwen3-VL#1057)."""
 
 
 #: vLLM's memory profile by release, oldest first.
 PROFILE_TERMS: tuple[ProfileTerms, ...] = (
     ProfileTerms(
         since=(0, 0), logits_bytes=40, non_torch=0.35 * GiB, tp_overhead=1.8 * GiB, cuda_graphs_in_budget=False,
-        concurrent_batches=1,
+        concurrent_batches=1, videos_profiled=False,
         source="V0 engine. vllm#10517 (RTX 3090, Llama-3.1-8B): non_torch_memory 0.35 GiB. vllm PR 10511 (0.6.5, H100, "
                "Meta-Llama-3-8B, max_num_seqs 256): activation peak 1.26 GiB = 41 bytes per logit of 256 x 128256 "
                "(above the forward pass), non_torch 1.79 GiB at TP=1 and 3.58 GiB at TP=2 (+1.79 GiB)"),
@@ -394,10 +400,16 @@ def kv_layout(arch: Architecture, tp: int, kv_dtype: str, elem_bytes: int) -> KV
                     sliding_window=(arch.sliding_window or 0) if sliding else 0, block_size=int(_a("block_size")))
 
 
-def tokens_in_flight(batched_tokens: int, terms: Optional[ProfileTerms] = None) -> int:
+def tokens_in_flight(batched_tokens: int, terms: Optional[ProfileTerms] = None, pooling: bool = False) -> int:
     """Tokens scheduled but not yet settled, that a sliding window keeps beside its window
-    (VllmConfig.max_in_flight_tokens): max_num_batched_tokens per concurrent batch (ProfileTerms)."""
-    return (terms or profile_terms()).concurrent_batches * batched_tokens
+    (VllmConfig.max_in_flight_tokens): max_num_batched_tokens per concurrent batch (ProfileTerms). A pooling model
+    has one batch in flight: vLLM 0.32 turns async scheduling off for the pooling runner (VllmConfig.__post_init__)."""
+    return (1 if pooling else (terms or profile_terms()).concurrent_batches) * batched_tokens
+
+
+def is_pooling(arch: Architecture) -> bool:
+    """vLLM serves the model with its pooling runner: an encoder-only model, or a decoder marked pooling."""
+    return bool(arch.encoder_only or arch.pooling)
 
 
 def weight_bytes(arch: Architecture, quantization: str, elem_bytes: int) -> int:
@@ -421,21 +433,90 @@ def rotary_cache_bytes(arch: Architecture, elem_bytes: int) -> int:
     return arch.max_position_embeddings * arch.head_dim * elem_bytes
 
 
+def mm_limits(extra_args: list[str]) -> dict[str, int]:
+    """--limit-mm-per-prompt from extraArgs, as vLLM 0.32 reads it: a JSON object ('{"image": 2, "video": 0}', a
+    modality's value a count or {"count": n, ...}) or one modality per flag (--limit-mm-per-prompt.video 0). Only
+    counts are read; what is not a count is left out (vLLM's own default for that modality applies)."""
+    out: dict[str, int] = {}
+    for i, arg in enumerate(extra_args):
+        flag, eq, value = arg.partition("=")
+        if not flag.startswith("--limit-mm-per-prompt"):
+            continue
+        if not eq:
+            value = extra_args[i + 1] if i + 1 < len(extra_args) else ""
+        modality = flag.removeprefix("--limit-mm-per-prompt")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            continue
+        items = {modality[1:]: parsed} if modality.startswith(".") else parsed if modality == "" else {}
+        for name, limit in (items.items() if isinstance(items, dict) else ()):
+            count = limit.get("count") if isinstance(limit, dict) else limit
+            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+                out[str(name)] = count
+    return out
+
+
+def vision_item(arch: Architecture, max_model_len: Optional[int], terms: Optional[ProfileTerms] = None,
+                limits: Optional[dict[str, int]] = None) -> tuple[int, int]:
+    """(embeddings, patches) of the multimodal item vLLM profiles the vision tower with: the largest one item of any
+    allowed modality gives (MultiModalBudget.get_modality_with_max_tokens; --limit-mm-per-prompt 0 disallows one).
+    An image is vision_tokens_per_item; a video (vision_video_frame_groups) as many image-sized groups of frames as
+    max_model_len holds, at least one (Qwen2VLProcessingInfo.get_num_frames_with_most_features). (0, 0) without a
+    vision tower's facts, or with every modality disallowed."""
+    tokens, patches = arch.vision_tokens_per_item, arch.vision_patches_per_item
+    limits = limits or {}
+    images, videos = limits.get("image", 1) > 0, limits.get("video", 1) > 0
+    groups = arch.vision_video_frame_groups if (terms or profile_terms()).videos_profiled else None
+    if not (tokens and patches) or not (images or (groups and videos)):
+        return 0, 0
+    n = min(groups, max(1, max_model_len // tokens)) if groups and videos and max_model_len else 1
+    return tokens * n, patches * n
+
+
+def vision_profile_bytes(arch: Architecture, tp: int, batched_tokens: int, elem_bytes: int,
+                         max_model_len: Optional[int] = None, terms: Optional[ProfileTerms] = None,
+                         limits: Optional[dict[str, int]] = None) -> tuple[int, int]:
+    """(the vision tower's peak, the embeddings it leaves in the encoder cache) in vLLM 0.32's multimodal profiling
+    run (gpu_model_runner.profile_run), which comes before the language model's: 0, 0 for a model without
+    ModelArchitecture.vision_* facts.
+
+    vLLM's encoder budget is max(max_num_batched_tokens, embeddings of one item) (SchedulerConfig:
+    encoder_cache_size and max_num_encoder_input_tokens are max_num_batched_tokens; compute_mm_encoder_budget), and
+    it profiles budget // embeddings items of the largest one (vision_item) at once (MultiModalBudget._get_max_items;
+    its other bound, max_num_seqs x items per prompt, only lowers that, so the count here is never below vLLM's). The
+    tower's peak is its forward pass over every item's patches, sized per patch as the language model's forward pass
+    is per token (ASSUMPTIONS activation_hidden_factor; the MLP split by TP, mm_encoder_tp_mode "weights"); the
+    embeddings stay in the encoder cache until the profile ends."""
+    tokens, patches = vision_item(arch, max_model_len, terms, limits)
+    width, inner = arch.vision_hidden_size, arch.vision_intermediate_size
+    if not (tokens and width and inner):
+        return 0, 0
+    items = max(1, max(batched_tokens, tokens) // tokens)
+    per_patch = (2 * inner / tp + _a("activation_hidden_factor") * width) * elem_bytes
+    return int(items * patches * per_patch), items * tokens * arch.hidden_size * elem_bytes
+
+
 def activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int,
-                     terms: Optional[ProfileTerms] = None) -> int:
+                     terms: Optional[ProfileTerms] = None, max_model_len: Optional[int] = None,
+                     limits: Optional[dict[str, int]] = None) -> int:
     """Peak memory of vLLM's profiling run: the forward pass over `batched_tokens`, or the sampler's
     dummy run over `max_num_seqs` logits rows that follows it (holding only the hidden states), whichever is larger;
-    an encoder-only pooling model runs its pooler instead of a sampler (no logits).
+    a pooling model (encoder-only, or a decoder marked pooling) runs its pooler instead of a sampler (no logits).
     The logits are the whole vocabulary on every GPU (the LM head's output is gathered before sampling), so TP does
-    not divide them: llm-d's H100 logs show 4.84 GiB for Llama-3.3-70B at TP=2 against 4.76 for Llama-3.1-8B."""
+    not divide them: llm-d's H100 logs show 4.84 GiB for Llama-3.3-70B at TP=2 against 4.76 for Llama-3.1-8B.
+    A multimodal model's vision tower runs first; its embeddings are held through the rest (vision_profile_bytes; a
+    video item grows with max_model_len)."""
     per_token = (2 * arch.intermediate_size / tp + _a("activation_hidden_factor") * arch.hidden_size) * elem_bytes
     forward = batched_tokens * per_token
-    if arch.encoder_only:
-        return int(forward)
-    rows = min(max_num_seqs, batched_tokens)
-    logits = (terms or profile_terms()).logits_bytes
-    sampler = rows * arch.vocab_size * logits + batched_tokens * arch.hidden_size * elem_bytes
-    return int(max(forward, sampler))
+    language = forward
+    if not is_pooling(arch):
+        rows = min(max_num_seqs, batched_tokens)
+        logits = (terms or profile_terms()).logits_bytes
+        sampler = rows * arch.vocab_size * logits + batched_tokens * arch.hidden_size * elem_bytes
+        language = max(forward, sampler)
+    tower, embeddings = vision_profile_bytes(arch, tp, batched_tokens, elem_bytes, max_model_len, terms, limits)
+    return int(max(tower, embeddings + language))
 
 
 def non_torch_bytes(tp: int, terms: Optional[ProfileTerms] = None) -> int:
@@ -677,8 +758,26 @@ def plan_batch(p: Plan, s: Sizing) -> None:
     if batched < seqs:
         p.problem("spec.engine.maxNumBatchedTokens", f"{batched} is below maxNumSeqs {seqs}; vLLM requires "
                   "max-num-batched-tokens >= max-num-seqs")
+    longest = longest_model_len(p.spec, s.arch)
+    if is_pooling(s.arch) and batched < longest:
+        # vLLM chunks a pooling model's prefill only for LAST pooling (ModelConfig.is_chunked_prefill_supported);
+        # otherwise it refuses max_num_batched_tokens < max_model_len, and config.json does not say which.
+        if e.max_num_batched_tokens is None:
+            batched, batched_why = longest, (f"raised to the longest max-model-len ({longest}): a pooling model's "
+                                             "prompt is prefilled in one step unless it pools the last token")
+        else:
+            p.notes.append(f"warning: maxNumBatchedTokens {batched} is below the max-model-len this model may get "
+                           f"({longest}); vLLM refuses that for a pooling model that pools by MEAN or CLS (no "
+                           "chunked prefill), and accepts it for LAST pooling")
     s.seqs, s.seqs_why, s.batched, s.batched_why = seqs, seqs_why, batched, batched_why
 
+
+
+def longest_model_len(spec: VLLMServerSpec, arch: Architecture) -> int:
+    """The longest --max-model-len the plan may choose (the pinned one, or the profile's / the model's maximum): what
+    sizes a step that comes before the length is chosen, at its largest."""
+    limit = arch.max_position_embeddings
+    return spec.engine.max_model_len or min(spec.workload_profile.max_context_tokens or limit, limit)
 
 
 def plan_kv_cache(p: Plan, s: Sizing) -> bool:
@@ -688,7 +787,11 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
     assert p.gpu_memory is not None
     total, reserved = p.gpu_memory, int(parse_quantity(p.spec.gpu.reserved_memory))
     budget, weights, graphs, batched, seqs = s.budget, s.weights, s.graphs, s.batched, s.seqs
-    activation = activation_bytes(arch, tp, batched, seqs, elem, terms)
+    # A multimodal profile's video grows with --max-model-len, which is chosen after the KV cache: size it at the
+    # longest length the plan may choose.
+    longest = longest_model_len(p.spec, arch)
+    limits = mm_limits(list(e.extra_args))
+    activation = activation_bytes(arch, tp, batched, seqs, elem, terms, longest, limits)
     non_torch = non_torch_bytes(tp, terms)
     kv = budget - weights - activation - non_torch - graphs
     p.memory = Memory(total=total, reserved=reserved, budget=budget, weights=weights, activation=activation,
@@ -702,7 +805,8 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
             if t <= tp or not tp_shards_evenly(arch, t):
                 continue
             need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, elem)
-                    + activation_bytes(arch, t, batched, seqs, elem, terms) + non_torch_bytes(t, terms)
+                    + activation_bytes(arch, t, batched, seqs, elem, terms, longest, limits)
+                    + non_torch_bytes(t, terms)
                     + graphs)
             if need < budget:
                 hint = f"use more GPUs (gpu.count: {t} leaves room for the KV cache)"
@@ -712,7 +816,7 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
                   f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
         return False
     block = int(_a("block_size"))
-    layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms)
+    layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms, is_pooling(arch))
     model_limit = arch.max_position_embeddings
     # The longest request the pool holds (for all-global attention: every block's tokens), then, once the
     # length is chosen, what vLLM logs for it (sliding-window layers hold only their window of each request).
@@ -726,8 +830,27 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
         p.notes.append("encoder-only pooling model: vLLM keeps no KV cache for it (EncoderOnlyAttention) and runs no "
                        f"sampler; {gib(kv)} per GPU of the budget stay unused (a lower engine.gpuMemoryUtilization "
                        "leaves them to others)")
+    profile_notes(p, s, longest, limits)
     s.layout, s.in_flight, s.fit_limit = layout, in_flight, fit_limit
     return True
+
+
+def profile_notes(p: Plan, s: Sizing, longest: int, limits: dict[str, int]) -> None:
+    """What a multimodal or pooling model's profiling run adds or leaves out, for the plan's notes."""
+    arch, tp, batched = s.arch, p.tensor_parallel_size, s.batched
+    tower, embeddings = vision_profile_bytes(arch, tp, batched, s.elem, longest, s.terms, limits)
+    if tower:
+        item, _ = vision_item(arch, longest, s.terms, limits)
+        video = (f" (a video, sized for {longest} tokens of context; --limit-mm-per-prompt '{{\"video\": 0}}' in "
+                 "engine.extraArgs profiles an image instead)" if item > (arch.vision_tokens_per_item or 0) else "")
+        assert p.memory is not None
+        p.notes.append(f"multimodal: vLLM profiles the vision tower first, over {gib(tower)} of activations per GPU "
+                       f"for {max(batched, item) // item} item(s) of {item} embeddings{video}; its encoder budget is "
+                       f"max-num-batched-tokens {batched} or one item, and it holds their {gib(embeddings)} through "
+                       f"the language model's run: the activation peak is {gib(p.memory.activation)}")
+    if arch.pooling and not arch.encoder_only:
+        p.notes.append("pooling model: vLLM keeps a KV cache for its prompts but decodes nothing, so its profile runs "
+                       "a pooler instead of a sampler, and vLLM 0.32 schedules it without async scheduling")
 
 
 def plan_max_model_len(p: Plan, s: Sizing) -> None:
@@ -799,14 +922,35 @@ def plan_engine_flags(p: Plan, s: Sizing) -> None:
     if kv_dtype != "auto":
         p.decisions.append(FlagDecision("--kv-cache-dtype", kv_dtype, f"pinned: {p.kv_bytes_per_token} bytes/token per GPU",
                                     pinned=True))
-    prefix = True if e.enable_prefix_caching is None else e.enable_prefix_caching
-    p.decisions.append(FlagDecision("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching", "",
-                                "pinned" if e.enable_prefix_caching is not None else
-                                "reuse KV of shared prefixes (system prompts, chat history)",
-                                pinned=e.enable_prefix_caching is not None))
+    if e.enable_prefix_caching is None and is_pooling(s.arch):
+        p.notes.append("prefix caching left to vLLM: it enables it for a pooling model only when the model's pooling "
+                       "type allows (LAST pooling); forced on, vLLM warns that the model may crash or answer wrongly")
+    else:
+        prefix = True if e.enable_prefix_caching is None else e.enable_prefix_caching
+        p.decisions.append(FlagDecision("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching", "",
+                                        "pinned" if e.enable_prefix_caching is not None else
+                                        "reuse KV of shared prefixes (system prompts, chat history)",
+                                        pinned=e.enable_prefix_caching is not None))
     if e.enforce_eager:
         p.decisions.append(FlagDecision("--enforce-eager", "", "pinned: no CUDA graphs (less memory, slower decode)",
                                     pinned=True))
+    plan_runner(p, s)
+
+
+def plan_runner(p: Plan, s: Sizing) -> None:
+    """--runner pooling for a decoder marked pooling (spec.model.architecture.pooling, or its config.json
+    architecture's name): the plan sized it without a sampler, so vLLM must not run it as a generative model."""
+    if not s.arch.pooling or s.arch.encoder_only:
+        return
+    extra = list(p.spec.engine.extra_args)
+    runner = next((a.split("=", 1)[1] if "=" in a else (extra[i + 1] if i + 1 < len(extra) else "")
+                   for i, a in enumerate(extra) if a.split("=", 1)[0] == "--runner"), None)
+    if runner is None and "--convert" not in {a.split("=", 1)[0] for a in extra}:
+        p.decisions.append(FlagDecision("--runner", "pooling", "architecture.pooling: served as a pooling model "
+                                        "(embeddings, scores), sized without a sampler"))
+    elif runner is not None and runner != "pooling":  # "auto" pools a *ForCausalLM only with a modules.json
+        p.problem("spec.model.architecture.pooling", "the model is sized as a pooling model (no sampler), but "
+                  "extraArgs run it with --runner other than pooling: drop that --runner, or set pooling: false")
 
 
 def plan_pod(p: Plan) -> None:

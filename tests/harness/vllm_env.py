@@ -89,6 +89,21 @@ def check_args(argvs: Sequence[Sequence[str]], timeout: float = 600) -> list[dic
     return results
 
 
+def mm_max_tokens_per_item(config: dict, lengths: Sequence[int], *, min_pixels: int, max_pixels: int,
+                           batches: Sequence[dict] = (), timeout: float = 300) -> dict:
+    """vLLM's own largest image and video (embeddings) for a Qwen2-VL / Qwen2.5-VL config at each max_model_len, and
+    its encoder budget and items profiled for each of `batches` (``vllm_mm_items.py`` under the vLLM venv's python):
+    ``{"items": [...], "batches": [...]}``."""
+    python = ensure_vllm()
+    payload = json.dumps({"config": config, "lengths": list(lengths), "min_pixels": min_pixels,
+                          "max_pixels": max_pixels, "batches": list(batches)})
+    proc = subprocess.run([str(python), str(E2E_DIR / "vllm_mm_items.py")], input=payload, capture_output=True,
+                          text=True, timeout=timeout, env=_vllm_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"vllm_mm_items.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

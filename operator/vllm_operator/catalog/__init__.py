@@ -91,6 +91,12 @@ class Architecture(Protocol):
     kv_lora_rank: Optional[int]
     qk_rope_head_dim: Optional[int]
     encoder_only: Optional[bool]
+    pooling: Optional[bool]
+    vision_tokens_per_item: Optional[int]
+    vision_patches_per_item: Optional[int]
+    vision_video_frame_groups: Optional[int]
+    vision_hidden_size: Optional[int]
+    vision_intermediate_size: Optional[int]
     tie_word_embeddings: Optional[bool]
     torch_dtype: Optional[str]
     quantization: Optional[str]
@@ -333,6 +339,8 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
         "sliding_window": window,
         "sliding_window_layers": window_layers,
         "encoder_only": True if str(cfg.get("model_type") or "").lower() in _ENCODER_ONLY else None,
+        "pooling": True if served_as_pooling(config) else None,
+        **vision_facts(config),
         "kv_lora_rank": _positive_int(cfg.get("kv_lora_rank")),
         "qk_rope_head_dim": _positive_int(cfg.get("qk_rope_head_dim")) if cfg.get("kv_lora_rank") else None,
         "torch_dtype": dtype,
@@ -342,6 +350,84 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
         return ModelArchitecture.model_validate({k: v for k, v in fields.items() if v is not None})
     except pydantic.ValidationError as err:
         raise ValueError(f"out of range: {', '.join(_out_of_range(err))}") from None
+
+
+#: Suffixes of config.json architectures vLLM 0.32 serves as generative models (config/model.py _SUFFIX_TO_DEFAULTS,
+#: checked in its order: these come before the pooling ones and the catch-all "Model").
+_GENERATIVE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "ChatModel", "LMHeadModel")
+#: ... and as pooling models (embed, classify, reward); "Model" (MistralModel, Qwen2Model) last, as vLLM has it.
+_POOLING_SUFFIXES = ("ForTextEncoding", "EmbeddingModel", "ForSequenceClassification", "ForTokenClassification",
+                     "ClassificationModel", "ForRewardModeling", "RewardModel", "Model")
+#: vLLM 0.32's registry decides before the suffixes: these end in "Model" but it registers them as generative
+#: (_TEXT_GENERATION_MODELS, _MULTIMODAL_MODELS) ...
+_GENERATIVE_ARCHS = ("ChatGLMModel", "MiDashengLMModel", "MossAudioModel", "Qwen2_5OmniModel", "UltravoxModel")
+#: ... and these have no pooling suffix but it registers them as pooling models.
+_POOLING_ARCHS = ("BertForMaskedLM", "RobertaForMaskedLM", "ColPaliForRetrieval", "JinaVLForRanking")
+
+
+def served_as_pooling(config: dict[str, Any]) -> bool:
+    """Whether vLLM 0.32's runner "auto" serves the config's first architecture as a pooling model: by its registry
+    where a name's suffix would mislead (the two lists above, read off vllm.model_executor.models.registry), else by
+    the suffix, as config/model.py does. vLLM also pools a *ForCausalLM checkpoint whose repository has a
+    sentence-transformers modules.json (Qwen3-Embedding), which config.json does not show: without
+    spec.model.architecture.pooling such a model is sized as generative (a sampler it does not run: more memory set
+    aside than vLLM takes, never less)."""
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        return False
+    name = archs[0][:200]
+    if name in _GENERATIVE_ARCHS or name in _POOLING_ARCHS:
+        return name in _POOLING_ARCHS
+    for suffix in _GENERATIVE_SUFFIXES + _POOLING_SUFFIXES:
+        if name.endswith(suffix):
+            return suffix in _POOLING_SUFFIXES
+    return False
+
+
+#: The image processors' default largest image in pixels, where config.json does not say it: Qwen2-VL and Qwen2.5-VL
+#: ship preprocessor_config.json with max_pixels 12845056 (16384 embeddings of 28 x 28 pixels: "the default range
+#: for the number of visual tokens per image in the model is 4-16384", Qwen's model cards).
+_QWEN_VL_MAX_PIXELS = 12845056
+#: vLLM 0.32's most frames in the dummy video it profiles Qwen2-VL / Qwen2.5-VL with (qwen2_vl._MAX_FRAMES_PER_VIDEO);
+#: each pair of frames (temporal_patch_size) is one image-sized group of embeddings.
+_QWEN_VL_MAX_VIDEO_FRAMES = 14
+
+
+def vision_facts(config: dict[str, Any]) -> dict[str, int]:
+    """The vision tower's profiling shapes (ModelArchitecture.vision_*), for the towers whose item size config.json
+    (and the model's published processor defaults) fix: Gemma 3's SigLIP (mm_tokens_per_image embeddings from
+    (image_size / patch_size)^2 patches; pan-and-scan is off by default) and Qwen2-VL / Qwen2.5-VL (max_pixels /
+    (patch_size x spatial_merge_size)^2 embeddings, spatial_merge_size^2 patches each; a video of up to 14 frames is
+    vision_video_frame_groups pairs of them). Other multimodal configs give {}: their tower's profiling peak is not
+    sized (docs/sizing.md)."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return {}
+    model_type = str(config.get("model_type") or "").lower()
+    patch = _positive_int(vision.get("patch_size"))
+    extra: dict[str, int] = {}
+    if model_type == "gemma3":
+        tokens, size = _positive_int(config.get("mm_tokens_per_image")), _positive_int(vision.get("image_size"))
+        patches = (size // patch) ** 2 if size and patch else None
+        width, inner = _positive_int(vision.get("hidden_size")), _positive_int(vision.get("intermediate_size"))
+    elif model_type in ("qwen2_vl", "qwen2_5_vl"):
+        merge = _positive_int(vision.get("spatial_merge_size"))
+        tokens = _QWEN_VL_MAX_PIXELS // (patch * merge) ** 2 if patch and merge else None
+        patches = tokens * merge**2 if tokens and merge else None
+        temporal = _positive_int(vision.get("temporal_patch_size")) or 2
+        extra["vision_video_frame_groups"] = max(1, _QWEN_VL_MAX_VIDEO_FRAMES // temporal)
+        if model_type == "qwen2_vl":  # embed_dim and mlp_ratio; its hidden_size is the language model's
+            width = _positive_int(vision.get("embed_dim"))
+            ratio = vision.get("mlp_ratio")
+            inner = int(width * ratio) if width and isinstance(ratio, (int, float)) and 0 < ratio <= 64 else None
+        else:
+            width, inner = _positive_int(vision.get("hidden_size")), _positive_int(vision.get("intermediate_size"))
+    else:
+        return {}
+    if not (tokens and patches and width and inner):
+        return {}
+    return {"vision_tokens_per_item": tokens, "vision_patches_per_item": patches, "vision_hidden_size": width,
+            "vision_intermediate_size": inner, **extra}
 
 
 #: model_type values of encoder-only models, whose attention vLLM serves with EncoderOnlyAttention: no KV cache.
