@@ -9,7 +9,9 @@ says so by its version; the CUDA wheel must be told). vllm_argcheck.py --flags t
 this way for 0.32.0's own wheel, the output is byte for byte the venv's. A release that needs a dependency the
 venv lacks gets it from EXTRA_DEPS, installed beside the unpacked wheel.
 
-The parser's output is cached per wheel hash and vllm_argcheck.py hash (a warm run takes milliseconds); the
+`--flags` is given the compute capabilities of the catalog's GPUs (catalog/gpus.yaml): each release's
+attention backends are evaluated on them, so a GPU of a new capability added there makes every snapshot stale.
+The parser's output is cached per wheel hash, vllm_argcheck.py hash and those capabilities (a warm run takes milliseconds); the
 snapshot is made from it by vllm_flags.snapshot_from_parser on every run, so a change there is checked too.
 
 Usage: python -m tools.dump_vllm_flags [--check]
@@ -27,6 +29,7 @@ import zipfile
 from pathlib import Path
 
 from vllm_operator import vllm_flags
+from vllm_operator.catalog import known_gpus
 
 from tests.harness.vllm_env import cache_root, ensure_vllm
 
@@ -113,11 +116,20 @@ def check_args(release: str, argvs: list[list[str]]) -> list[dict]:
     return answer["results"]
 
 
+def capabilities() -> str:
+    """The compute capabilities of the GPUs in the catalog ("7.0,7.5,..."): the attention backends' gates are
+    evaluated on each (vllm_argcheck.py --flags)."""
+    found = {tuple(int(x) for x in str(g.compute_capability).split(".")) for g in known_gpus()}
+    return ",".join(f"{major}.{minor}" for major, minor in sorted(found))
+
+
 def parser_description(release: str) -> dict:
-    """`vllm_argcheck.py --flags` under the release's parser (cached per wheel and argcheck script)."""
+    """`vllm_argcheck.py --flags <capabilities>` under the release's parser (cached per wheel, argcheck script and
+    capabilities)."""
     python = ensure_vllm()
     env = release_env(release)
-    script = hashlib.sha256(ARGCHECK.read_bytes()).hexdigest()[:16]
+    caps = capabilities()
+    script = hashlib.sha256(ARGCHECK.read_bytes() + caps.encode()).hexdigest()[:16]
     if release == vllm_flags.VERSION:  # the venv itself, as the tests run it; its RECORD hashes every file
         record = next(python.parent.parent.glob("lib/python*/site-packages/vllm*.dist-info/RECORD"))
         cached = cache_root() / f".flags-venv-{hashlib.sha256(record.read_bytes()).hexdigest()[:16]}-{script}.json"
@@ -128,7 +140,7 @@ def parser_description(release: str) -> dict:
         cached = tree / f".flags-{digest[:16]}-{script}.json"
         if cached.exists():
             return json.loads(cached.read_text())
-    out = subprocess.run([str(python), str(ARGCHECK), "--flags"], check=True, capture_output=True, text=True,
+    out = subprocess.run([str(python), str(ARGCHECK), "--flags", caps], check=True, capture_output=True, text=True,
                          env=env, timeout=600)
     description = json.loads(out.stdout)
     if description["vllm_version"] != release:

@@ -652,7 +652,8 @@ def check(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[str], m
     p.gpu = gpu if gpu is not None else select_gpu(spec.gpu)
     p.problems.extend(Problem(where, message) for where, message in p.gpu.problems)
     p.notes.extend(p.gpu.notes)
-    p.problems.extend(hardware_problems(spec, p.gpu, p.flags.snapshot if p.flags else None))
+    p.problems.extend(hardware_problems(spec, p.gpu, p.flags.snapshot if p.flags else None,
+                                        mla=bool(p.model is not None and p.model.architecture.kv_lora_rank)))
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, p.gpu)
     if p.model is None:
         p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}")

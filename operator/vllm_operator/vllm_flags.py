@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Optional
@@ -49,9 +49,45 @@ class Snapshot:
     quantization_capability: dict[str, int]
     #: the compute capability x10 vLLM asks of a GPU for --dtype bfloat16 (CudaPlatform.check_if_supports_dtype)
     bfloat16_capability: int
+    #: the attention backends (AttentionBackendEnum) by name, with what the release's code says each runs on
+    attention_backends: dict[str, "AttentionBackend"] = field(default_factory=dict)
+    #: per compute capability x10 of the catalog's GPUs, the backends vLLM picks from for a standard decoder (not
+    #: MLA), best first (CudaPlatform's _get_backend_priorities); it takes the first that accepts the configuration
+    attention_default_backends: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    #: whether the release reads VLLM_ATTENTION_BACKEND (vllm/envs.py); the --attention-backend flag otherwise
+    attention_backend_env: bool = False
 
     def quantization_min_capability(self, method: str) -> Optional[int]:
         return self.quantization_capability.get(method)
+
+    def kv_cache_backends(self, kv_cache_dtype: str, capability: int,
+                          among: Optional[tuple[str, ...]] = None) -> Optional[list[str]]:
+        """The backends (of `among`, default: those vLLM picks from on `capability`) that store a KV cache of
+        `kv_cache_dtype` on a GPU of `capability`; None when that is not known (the capability was not evaluated,
+        or a backend's code could not be, so the release may store it)."""
+        names = among if among is not None else self.attention_default_backends.get(capability)
+        if names is None:
+            return None
+        out = []
+        for name in names:
+            backend = self.attention_backends.get(name)
+            stores = backend.kv_cache_capabilities.get(kv_cache_dtype) if backend is not None else None
+            if stores is None:
+                return None
+            if capability in stores:
+                out.append(name)
+        return out
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """One attention backend as a release's code gates it, evaluated on the catalog's compute capabilities (x10)."""
+
+    #: where supports_compute_capability holds; None: not evaluable off its platform (a ROCm or XPU backend)
+    capabilities: Optional[frozenset[int]]
+    #: per KV cache dtype (auto, fp8, fp8_e4m3, fp8_e5m2), where the backend stores it (its KV dtype predicates and its implementation's
+    #: constructor, at head size 128); a dtype missing: not known
+    kv_cache_capabilities: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
 def normalise(flag: str) -> str:
@@ -95,9 +131,18 @@ def snapshot(version: str = VERSION) -> Snapshot:
             multiple=info.get("multiple", False),
             action=info.get("action", name),
         )
+    backends = {
+        name: AttentionBackend(
+            capabilities=frozenset(info["capabilities"]) if info.get("capabilities") is not None else None,
+            kv_cache_capabilities={kv: frozenset(caps) for kv, caps in (info.get("kv_cache_dtypes") or {}).items()})
+        for name, info in raw.get("attention_backends", {}).items()}
     return Snapshot(version=raw["version"], flags=out,
                     quantization_capability=dict(raw.get("quantization_min_capability", {})),
-                    bfloat16_capability=int(raw.get("bfloat16_min_capability", 80)))
+                    bfloat16_capability=int(raw.get("bfloat16_min_capability", 80)),
+                    attention_backends=backends,
+                    attention_default_backends={int(cap): tuple(names) for cap, names
+                                                in raw.get("attention_default_backends", {}).items()},
+                    attention_backend_env=bool(raw.get("attention_backend_env", False)))
 
 
 def snapshot_for(release: Optional[str]) -> tuple[Snapshot, bool]:
@@ -146,14 +191,24 @@ def snapshot_from_parser(description: dict) -> dict:
         for flag in info["option_strings"]:
             out[flag] = {**entry, "action": first} if flag != first else entry
     snap = {"version": description["vllm_version"], "flags": dict(sorted(out.items()))}
-    for key in ("quantization_min_capability", "bfloat16_min_capability"):
+    for key in ("quantization_min_capability", "bfloat16_min_capability", "attention_backend_env",
+                "attention_default_backends"):
         if key in description:
             snap[key] = description[key]
+    if "attention_backends" in description:
+        snap["attention_backends"] = dict(sorted(description["attention_backends"].items()))
     return snap
+
+
+#: Keys of a snapshot written one entry per line (a release's diff reads flag by flag, backend by backend).
+_PER_LINE = ("attention_backends", "flags")
 
 
 def dump(snap: dict) -> str:
     """The committed text of a snapshot: one flag per line, so a release's diff reads flag by flag."""
-    lines = [f' "{key}": {json.dumps(snap[key], sort_keys=True)},' for key in sorted(snap) if key != "flags"]
-    flag_lines = [f'  {json.dumps(name)}: {json.dumps(info, sort_keys=True)}' for name, info in snap["flags"].items()]
-    return "{\n" + "\n".join(lines) + '\n "flags": {\n' + ",\n".join(flag_lines) + "\n }\n}\n"
+    lines = [f' "{key}": {json.dumps(snap[key], sort_keys=True)},' for key in sorted(snap) if key not in _PER_LINE]
+    blocks = []
+    for key in (k for k in _PER_LINE if k in snap):
+        entries = [f'  {json.dumps(name)}: {json.dumps(info, sort_keys=True)}' for name, info in snap[key].items()]
+        blocks.append(f' "{key}": {{\n' + ",\n".join(entries) + "\n }")
+    return "{\n" + "\n".join(lines) + "\n" + ",\n".join(blocks) + "\n}\n"

@@ -30,17 +30,24 @@ does before it starts anything:
 
 stdout is reserved for the JSON; everything vLLM logs goes to stderr.
 
-Usage: ``python vllm_argcheck.py < argvs.json`` or ``python vllm_argcheck.py --flags``
-(prints a JSON description of the serve parser's flags: option strings, choices, type).
+Usage: ``python vllm_argcheck.py < argvs.json`` or ``python vllm_argcheck.py --flags [7.0,8.0,...]``
+(prints a JSON description of the serve parser's flags: option strings, choices, type; and the GPU gates the
+planner checks, with the attention backends' evaluated on the compute capabilities listed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import io
 import json
 import os
 import sys
+import types
+from pathlib import Path
 
 # Keep vLLM quiet and offline; never touch a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -203,9 +210,7 @@ def _quantization_min_capability(me_quant) -> dict[str, int]:
 
 
 def _bfloat16_min_capability() -> int:
-    import importlib.util
     import re
-    from pathlib import Path
 
     spec = importlib.util.find_spec("vllm")
     source = (Path(list(spec.submodule_search_locations)[0]) / "platforms" / "cuda.py").read_text()
@@ -213,6 +218,164 @@ def _bfloat16_min_capability() -> int:
     if found is None:
         raise SystemExit("vllm/platforms/cuda.py: check_if_supports_dtype no longer reads as expected")
     return int(found.group(1))
+
+
+#: The KV cache dtypes the operator's API offers (spec.engine.kvCacheDtype; auto: the model's dtype), whose
+#: support is extracted per backend and compute capability.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+#: The head size the KV cache dtype predicates are evaluated at (FlashAttention's choice of kernel depends on it):
+#: the most common one (Llama, Qwen, Mistral, Gemma 2/3 dense).
+HEAD_SIZE = 128
+
+
+class _Stand_in(types.ModuleType):
+    """A module of a package the CPU build lacks (flashinfer): every name is a placeholder, so a backend module
+    that imports names from it loads and its classmethods, which read none of them, can be evaluated."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return type(name, (), {"__init__": lambda self, *a, **k: None, "__call__": lambda self, *a, **k: None})
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        self.roots = roots
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _Stand_in(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module) -> None:
+        return None
+
+
+def _cuda_build_modules() -> None:
+    """Make what the official CUDA image has but the CPU build (or an unpacked wheel without its compiled
+    kernels) lacks importable, for reading the CUDA platform's and the backends' pure decisions: the compiled
+    op libraries (their registration is all cuda.py needs of them), FlashAttention's FA2/FA3 kernels and FA4
+    (the CUDA wheel ships vllm_flash_attn/_vllm_fa2_C, _vllm_fa3_C and cute/interface.py) and FlashInfer (a
+    dependency of the CUDA wheel) as stand-ins. Nothing here runs a kernel."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations is not None
+    vllm_dir = Path(list(spec.submodule_search_locations)[0])
+    for name in ("vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa2_C", "vllm.vllm_flash_attn._vllm_fa3_C"):
+        where = vllm_dir.joinpath(*name.split(".")[1:])
+        if not list(where.parent.glob(f"{where.name}.*so")):
+            sys.modules[name] = types.ModuleType(name)
+    for root in ("flashinfer",):
+        if importlib.util.find_spec(root) is None:
+            sys.meta_path.append(_StandInFinder((root,)))
+    try:
+        import vllm.vllm_flash_attn.flash_attn_interface as fai
+    except ImportError:
+        return
+    fai.FA2_AVAILABLE = fai.FA3_AVAILABLE = fai.FA4_AVAILABLE = True
+    fai.FA2_UNAVAILABLE_REASON = fai.FA3_UNAVAILABLE_REASON = fai.FA4_UNAVAILABLE_REASON = None
+
+
+@contextlib.contextmanager
+def _on_cuda(capability):
+    """The current platform answers as a CUDA GPU of `capability` (DeviceCapability) would: what the backends'
+    predicates read of the device (get_device_capability, has_device_capability, is_device_capability_family all
+    go through the first)."""
+    from vllm.platforms import current_platform
+
+    klass = type(current_platform)
+    answers = {
+        "get_device_capability": classmethod(lambda cls, device_id=0: capability),
+        "is_cuda": classmethod(lambda cls: True), "is_cuda_alike": classmethod(lambda cls: True),
+        "is_rocm": classmethod(lambda cls: False), "is_xpu": classmethod(lambda cls: False),
+        "is_cpu": classmethod(lambda cls: False),
+        "get_device_name": classmethod(lambda cls, device_id=0: f"a GPU of compute capability {capability}"),
+    }
+    missing = object()
+    saved = {name: klass.__dict__.get(name, missing) for name in answers}
+    for name, value in answers.items():
+        setattr(klass, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                delattr(klass, name)
+            else:
+                setattr(klass, name, value)
+
+
+def _stores(cls, kv_cache_dtype: str, capability) -> bool:
+    """Whether the backend class stores a KV cache of `kv_cache_dtype` on a GPU of `capability`, as vLLM decides it:
+    the selection's predicates (supports_compute_capability, supports_kv_cache_dtype, supports_combination) and
+    the implementation's constructor (TritonAttentionImpl refuses FP8 below 8.9 there), the latter compared with
+    the same construction for the model's own dtype ("auto"), so that only a refusal of the KV dtype counts."""
+    import torch
+
+    dtype = torch.bfloat16 if capability.major >= 8 else torch.float16
+    with _on_cuda(capability):
+        if not (cls.supports_compute_capability(capability) and cls.supports_kv_cache_dtype(kv_cache_dtype)):
+            return False
+        if cls.supports_combination(HEAD_SIZE, dtype, kv_cache_dtype, None, cls.is_mla(), False, cls.is_sparse(),
+                                    False, capability) is not None:
+            return False
+        if cls.is_mla():
+            return True
+        impl = cls.get_impl_cls()
+
+        def build(kv: str) -> bool:
+            try:
+                impl(num_heads=8, head_size=HEAD_SIZE, scale=HEAD_SIZE ** -0.5, num_kv_heads=8, alibi_slopes=None,
+                     sliding_window=None, kv_cache_dtype=kv)
+                return True
+            except Exception:  # noqa: BLE001 - whatever the constructor refuses
+                return False
+
+        return build(kv_cache_dtype) or not build("auto")
+
+
+def _attention_facts(capabilities: list[tuple[int, int]]) -> dict:
+    """Per attention backend (AttentionBackendEnum): the capabilities (x10) among `capabilities` it runs on
+    (supports_compute_capability) and, per KV cache dtype, those it stores that dtype on (_stores); None where
+    the release's code cannot be evaluated here (a ROCm or XPU backend: its module needs that platform). And per
+    capability the backends CudaPlatform picks from, in its order, for a standard decoder (not MLA, causal)."""
+    _cuda_build_modules()
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    caps = [DeviceCapability(major, minor) for major, minor in capabilities]
+    backends: dict[str, dict] = {}
+    for backend in AttentionBackendEnum:
+        if not backend.value:  # TORCH_SDPA (ViT only), CUSTOM (registered at run time)
+            continue
+        entry: dict = {"capabilities": None, "kv_cache_dtypes": None}
+        try:
+            cls = backend.get_class()
+            entry["capabilities"] = [c.to_int() for c in caps if cls.supports_compute_capability(c)]
+        except Exception:  # noqa: BLE001 - not evaluable here: no gate read
+            backends[backend.name] = entry
+            continue
+        try:
+            entry["kv_cache_dtypes"] = {kv: [c.to_int() for c in caps if _stores(cls, kv, c)]
+                                        for kv in KV_CACHE_DTYPES}
+        except Exception:  # noqa: BLE001
+            pass
+        backends[backend.name] = entry
+    from vllm.platforms.cuda import _get_backend_priorities
+
+    order = {str(c.to_int()): [b.name for b in _get_backend_priorities(use_mla=False, device_capability=c)]
+             for c in caps}
+    return {"attention_backends": backends, "attention_default_backends": order}
+
+
+def _reads_attention_backend_env() -> bool:
+    import vllm.envs as envs
+
+    return "VLLM_ATTENTION_BACKEND" in envs.environment_variables
 
 
 def main() -> int:
@@ -225,7 +388,7 @@ def main() -> int:
     import vllm
 
     parser, serve_parser, cmd = _build_parser()
-    if sys.argv[1:] == ["--flags"]:
+    if sys.argv[1:2] == ["--flags"]:
         from vllm.model_executor.layers import quantization as me_quant
 
         out = {
@@ -239,7 +402,13 @@ def main() -> int:
             # platform cannot be imported by the CPU build).
             "quantization_min_capability": _quantization_min_capability(me_quant),
             "bfloat16_min_capability": _bfloat16_min_capability(),
+            # Whether the release still reads VLLM_ATTENTION_BACKEND (vllm/envs.py); --attention-backend otherwise.
+            "attention_backend_env": _reads_attention_backend_env(),
         }
+        # --flags 7.0,8.0,...: the compute capabilities of the GPUs to evaluate the attention backends' gates on.
+        if sys.argv[2:]:
+            wanted = [tuple(int(x) for x in c.split(".")) for c in sys.argv[2].split(",") if c]
+            out.update(_attention_facts(wanted))
     else:
         argvs = json.load(sys.stdin)
         if not isinstance(argvs, list) or not all(isinstance(a, list) for a in argvs):
