@@ -157,3 +157,41 @@ def test_an_apply_the_api_server_refuses_is_a_condition_and_a_fixed_spec_recover
                          "ApiRejected cleared")
     assert server["status"]["observedGeneration"] == server["metadata"]["generation"]
     assert "ApiRejected" not in json.dumps(get_server(kube, namespace, "rej")["status"])
+
+
+@pytest.mark.parametrize("change", ["size", "removed"])
+def test_a_cache_change_recreates_the_statefulset_keeping_its_pods(control_plane, operator, kube, namespace, change):
+    """spec.cache becomes the StatefulSet's volumeClaimTemplates, which the API server keeps immutable (Kubernetes
+    1.37 says "field is immutable"; older releases "Forbidden: updates to statefulset spec"): the operator deletes
+    its own StatefulSet with the pods orphaned and creates it anew, instead of holding the change back as a
+    refused apply (the crash tests lost such a change)."""
+    name = f"cache-{change}"
+    doc = example(name, namespace)
+    assert doc["spec"].get("cache", {}).get("size"), "the example claims a cache per replica"
+    apply_server(control_plane, doc)
+    first = wait_for(lambda: kube.get("apps/v1", "StatefulSet", namespace, name), 30, "StatefulSet")
+    assert first["spec"].get("volumeClaimTemplates")
+    if change == "size":
+        doc["spec"]["cache"]["size"] = "77Gi"
+    else:
+        doc["spec"].pop("cache")
+
+    def renewed():
+        sts = kube.get("apps/v1", "StatefulSet", namespace, name)
+        if sts is None or sts["metadata"]["uid"] == first["metadata"]["uid"]:
+            return None
+        return sts
+
+    apply_server(control_plane, doc)
+    sts = wait_for(renewed, 60, "the StatefulSet created anew")
+    claims = sts["spec"].get("volumeClaimTemplates") or []
+    if change == "size":
+        assert claims[0]["spec"]["resources"]["requests"]["storage"] == "77Gi"
+    else:
+        assert not claims
+    server = wait_status(kube, namespace, name, lambda s: s.get("status", {}).get("observedGeneration")
+                         == s["metadata"]["generation"] and cond(s, "Degraded").get("reason") != "ApiRejected",
+                         "converged without ApiRejected")
+    assert cond(server, "SpecValid")["status"] == "True"
+    wait_for(lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "Recreating"], 30,
+             "a Recreating event")

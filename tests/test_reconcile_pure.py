@@ -269,3 +269,18 @@ def test_an_image_release_without_a_flag_snapshot_is_a_warning_condition_not_a_r
     world.change_spec(image="vllm/vllm-openai:v0.33.0", engine={"extraArgs": ["--seed", "1"]})
     status = world.reconcile()["status"]
     assert condition(status, "ExtraArgsUnchecked") is None and condition(status, "SpecValid")["status"] == "True"
+
+
+def test_the_claims_refusal_is_recognised_in_both_wordings_and_nothing_else():
+    from vllm_operator.controller.reconcile import immutable_claims_refused
+
+    def err(status, message):
+        return ApiError(status, json.dumps({"message": message}), "PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/s")
+
+    # Kubernetes 1.37 (declarative validation) and the releases before it
+    assert immutable_claims_refused(err(422, 'StatefulSet.apps "s" is invalid: spec.volumeClaimTemplates: Invalid '
+                                             'value: null: field is immutable'))
+    assert immutable_claims_refused(err(422, 'StatefulSet.apps "s" is invalid: spec: Forbidden: updates to '
+                                             "statefulset spec for fields other than 'replicas' ... are forbidden"))
+    assert not immutable_claims_refused(err(422, 'spec.template.spec.containers[0].image: Required value'))
+    assert not immutable_claims_refused(err(409, "volumeClaimTemplates field is immutable"))

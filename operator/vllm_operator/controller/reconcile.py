@@ -116,6 +116,16 @@ def degraded_condition(trouble: Optional[failures.Failure]) -> tuple[str, str, s
     return "True", trouble.reason, trouble.message
 
 
+def immutable_claims_refused(error: ApiError) -> bool:
+    """Whether the API server refused a StatefulSet update for its volumeClaimTemplates (immutable). Kubernetes
+    1.37 says "spec.volumeClaimTemplates: Invalid value: ...: field is immutable"; releases before declarative
+    validation said "spec: Forbidden: updates to statefulset spec for fields other than ... are forbidden"."""
+    if error.status != 422:
+        return False
+    message = error.message
+    return ("volumeClaimTemplates" in message and "immutable" in message) or "updates to statefulset spec" in message
+
+
 def name_conflict_message(taken: list[dict[str, Any]], server: str) -> str:
     names = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in taken)
     return (f"{names} already exist{'s' if len(taken) == 1 else ''} in this namespace and "
@@ -660,7 +670,7 @@ class Reconciler:
         """A StatefulSet whose immutable fields (volumeClaimTemplates: spec.cache) must change: delete it
         with its pods orphaned, so the next reconcile creates it anew and it adopts them (the pods then roll
         to the new template). Only an object this operator manages; True when it was deleted."""
-        if obj["kind"] != "StatefulSet" or error.status != 422 or "Forbidden" not in error.message:
+        if obj["kind"] != "StatefulSet" or not immutable_claims_refused(error):
             return False
         meta = obj["metadata"]
         live = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
