@@ -54,6 +54,11 @@ AUTOSCALER_AT_MAX = Gauge(
     "autoscaler_at_max_replicas", "1 while the autoscaler's last decision wanted more replicas than maxReplicas "
     "(AutoscalingLimited=True, AtMaxReplicas), else 0; kept through a hold; only for autoscaling.mode Operator.",
     ["namespace", "name"], namespace=NAMESPACE)
+POD_SCRAPES = Counter(
+    "pod_scrapes", "GETs of a pod's /metrics by the operator (the autoscaler's reads, source Pods, and the KV "
+    "capacity reads), by result (ok, failed).", ["result"], namespace=NAMESPACE)
+POD_SCRAPE_BYTES = Counter(
+    "pod_scrape_bytes", "Bytes of the /metrics bodies the operator read from pods.", namespace=NAMESPACE)
 BUILD_INFO = Gauge("build_info", "The operator's version and the vLLM release its flags are checked against.",
                    ["version", "vllm_version"], namespace=NAMESPACE)
 BUILD_INFO.labels(version=__version__, vllm_version=api.VLLM_VERSION).set(1)
@@ -86,6 +91,12 @@ def record_scaling_decision(namespace: str, name: str, direction: str) -> None:
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown scaling direction {direction!r}; expected one of {DIRECTIONS}")
     SCALING_DECISIONS.labels(namespace=namespace, name=name, direction=direction).inc()
+
+
+def record_scrape(ok: bool, size: int) -> None:
+    """One GET of a pod's /metrics ended: answered with `size` bytes, or failed."""
+    POD_SCRAPES.labels(result="ok" if ok else "failed").inc()
+    POD_SCRAPE_BYTES.inc(size)
 
 
 def record_server(namespace: str, name: str, ready: bool, replicas: int, ready_replicas: int) -> None:
