@@ -57,7 +57,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802
         time.sleep(self.delay)
-        found = self.path.split("?", 1)[0] == "/metrics"  # the query is vLLM's to honour (below)
+        found = self.path.split("?", 1)[0] in ("/metrics", "/metrics/")  # as vLLM; the query is its to honour
         body = VLLM_METRICS.encode() if found else b"no"
         try:
             self.send_response(200 if found else 404)
@@ -280,3 +280,21 @@ def test_the_operator_counts_its_pod_scrapes_and_their_bytes(metrics_server):
     source.close()
     after = counts()
     assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (1, 1, len(VLLM_METRICS.encode()))
+
+
+def test_a_pod_without_the_filtered_exposition_is_read_whole_from_then_on():
+    """A server answering /metrics only (404 at /metrics/, or a page without vLLM's gauges there) is read at
+    /metrics within the same read, and at /metrics alone afterwards; a pod that does not answer at all is
+    not retried at /metrics (it would fail the same)."""
+    text = VLLM_METRICS.encode()
+    with HostileServer({"/metrics": Reply(200, text)}) as plain, HostileServer(
+            {"/metrics": Reply(200, text), "/metrics/": Reply(200, b"<html>hello</html>")}) as other:
+        source = PodsSource(timeout=1.0)
+        pods = [PodRef("a", "ns", "127.0.0.1", plain.port), PodRef("b", "ns", "127.0.0.1", other.port),
+                PodRef("c", "ns", "127.0.0.1", 1)]
+        first, second = source.read(pods), source.read(pods)
+        source.close()
+        paths = [[r.split("?", 1)[0] for r in pod.requests] for pod in (plain, other)]
+    assert [(s.ok, s.waiting) for s in first + second] == [(True, 8.0), (True, 8.0), (False, 0.0)] * 2
+    assert first[2].error == second[2].error == "GET http://127.0.0.1:1/metrics: connection refused"
+    assert paths == [["/metrics/", "/metrics", "/metrics"]] * 2

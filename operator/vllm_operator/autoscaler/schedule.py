@@ -17,8 +17,8 @@ Pure: no I/O; the clock is an argument. The rules, in the order `next_read` appl
    than a busy server's reads). A queue on an
    idle server is seen only at its next read, so this bounds the reaction from idle: with reads
    every T the wait is uniform in [0, T], p95 0.95 T. A p95 of 3 s needs T under 3 s. The reads are
-   the filtered scrape (``/metrics?name[]=...``, the five families the autoscaler parses: ~1 KB
-   instead of vLLM's ~50 KB), so an idle server sends fewer bytes than with one full scrape per
+   the filtered scrape (``/metrics/?name[]=...``, the five families the autoscaler parses: 1.7 KB
+   instead of vLLM's 50 KB), so an idle server sends fewer bytes than with one full scrape per
    interval, in twice the requests (docs/autoscaling.md, "Read interval").
 """
 
