@@ -613,7 +613,8 @@ def report(results: dict, out: Path) -> None:
     for mode, r in results.get("reads", {}).items():
         for key in ("reaction_pods", "reaction_prometheus"):
             if key in r:
-                print(f"  measured, {mode} reads, source {key.split('_')[1]:<11}{fmt(r[key])}")
+                label = f"measured, {mode} reads, source {key.split('_')[1]}"
+                print(f"  {label:<45}{fmt(r[key])}")
     for label, s in results.get("simulated_on_stability_trace", {}).items():
         print(f"  {label:<29}{fmt(s)}")
     print("scrape load per server (one ready pod), per minute")
