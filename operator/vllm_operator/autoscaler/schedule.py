@@ -14,9 +14,9 @@ Pure: no I/O; the clock is an argument. The rules, in the order `next_read` appl
 4. The fast reads of all servers share one budget, MAX_FAST_SCRAPES_PER_SECOND scrapes
    (a token bucket over the pods read): a busy server that finds it spent is read as an idle one.
 5. Idle: IDLE_READS_PER_INTERVAL reads per ``intervalSeconds`` (5 s: every 2.5 s; never more often
-   than a busy server's reads). A queue on an
-   idle server is seen only at its next read, so this bounds the reaction from idle: with reads
-   every T the wait is uniform in [0, T], p95 0.95 T. A p95 of 3 s needs T under 3 s. The reads are
+   than a busy server's reads). A queue on an idle server is seen only at its next read, so this
+   bounds the reaction from idle: with reads every T the wait is uniform in [0, T], p95 0.95 T.
+   A p95 of 3 s needs T under 3 s. The reads are
    the filtered scrape (``/metrics/?name[]=...``, the five families the autoscaler parses: 1.7 KB
    instead of vLLM's 50 KB), so an idle server sends fewer bytes than with one full scrape per
    interval, in twice the requests (docs/autoscaling.md, "Read interval").
