@@ -1,11 +1,13 @@
-"""Autoscaling benchmark: reaction time and stability on a real vLLM, beside a KEDA-default simulation.
+"""Autoscaling benchmark: reaction time, scrape load and stability on a real vLLM, for the operator's read
+schedule before (fixed) and as shipped (adaptive), beside a KEDA-default simulation.
 
-    python bench/autoscale.py                                # 10 trials per source, 600 s of constant load
+    python bench/autoscale.py                                # 10 trials per source and schedule, 600 s of load each
     python bench/autoscale.py --trials 4 --stability-seconds 240   # a quicker look
 
 Prints figures and writes ``out/bench-autoscale/`` (results.json, trace.json, autoscale.png).
-Not a test. Everything is real except the GPU: a local kube-apiserver + controller-manager
-1.20, the operator process, real vLLM servers on the CPU as the pods (fake kubelet, one
+Not a test. Everything is real except the GPU: the test bed's local kube-apiserver +
+controller-manager, the operator process (restarted with VLLM_OPERATOR_AUTOSCALER_READS=fixed for
+the old schedule), real vLLM servers on the CPU as the pods (fake kubelet, one
 127.x.y.z address per pod), a real Prometheus (file-based discovery), and the e2e load
 generator.
 
@@ -13,12 +15,17 @@ reaction   the server at 1 replica, idle; a burst of requests; the time from the
            (vllm:num_requests_waiting, sampled every 0.2 s straight from vLLM) first
            exceeding targetWaitingPerReplica to the StatefulSet's spec.replicas being
            patched (polled every 0.2 s). Repeated for `source: Pods` and `source:
-           Prometheus` at the operator's default interval (5 s). The new pod runs no vLLM in
-           these trials (it stays "loading"), so the server scales back between trials.
+           Prometheus` at the operator's default interval (5 s), the read schedules alternating
+           trial by trial. The new pod runs no vLLM in these trials (it stays "loading"), so the
+           server scales back between trials.
+load       per read schedule, --load-seconds idle and as long with as many closed-loop clients
+           as vLLM has slots (requests running, none waiting: busy below the target): the
+           operator's pod scrapes, their bytes, its status applies and its CPU time per minute
+           (its own /metrics and /proc), one server with one ready pod.
 stability  the default scale-down window (120 s); a constant closed-loop load (clients
            sending back to back) for --stability-seconds, the second replica a real vLLM
-           that loads for a minute or more; replica changes are counted.
-KEDA sim   the recorded queue traces replayed through the same policy (policy.decide) at
+           that loads for a minute or more; replica changes are counted, per read schedule.
+KEDA sim   the last schedule's recorded queue trace replayed through the same policy (policy.decide) at
            KEDA's defaults: Prometheus scraping every 15 s, KEDA polling every 30 s, the
            HPA's 300 s scale-down window; random phases (--sim-draws per trace). The same
            replay at the operator's settings checks the simulation against the measurements.
@@ -29,11 +36,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -43,15 +52,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 import yaml  # noqa: E402
 from kubernetes import client  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tests.harness import vllm_env  # noqa: E402
 from tests.harness.controlplane import ControlPlane, wait_for  # noqa: E402
 from tests.harness.fakekubelet import FakeKubelet  # noqa: E402
 from tests.harness.loadgen import LoadGenerator  # noqa: E402
 from tests.harness.operator_process import OperatorProcess  # noqa: E402
+from tests.harness.procs import free_port  # noqa: E402
 from tests.harness.prometheus import PrometheusServer  # noqa: E402
 from vllm_operator.api import AutoscalingSpec  # noqa: E402
-from vllm_operator.autoscaler import policy  # noqa: E402
+from vllm_operator.autoscaler import policy, schedule  # noqa: E402
 from vllm_operator.autoscaler.metrics import Sample, parse_vllm_metrics  # noqa: E402
 from vllm_operator.controller.kube import Kube  # noqa: E402
 
@@ -133,6 +144,74 @@ class Pods:
     def close(self) -> None:
         for s in self.servers.values():
             s.stop(grace=10)
+
+
+# --------------------------------------------------------------------------- the operator, per read schedule
+#: The operator's environment per read schedule (autoscaler/actuator.py READS_ENV).
+READ_ENV = {"fixed": {"VLLM_OPERATOR_AUTOSCALER_READS": "fixed"}, "adaptive": {}}
+
+
+class Operators:
+    """One operator process at a time, restarted when the read schedule changes; its own /metrics on a port."""
+
+    def __init__(self, kubeconfig: str, out: Path, prometheus_url: str):
+        self.kubeconfig, self.out, self.prometheus_url = kubeconfig, out, prometheus_url
+        self.mode: Optional[str] = None
+        self.proc: Optional[OperatorProcess] = None
+        self.port = 0
+
+    def run(self, mode: str) -> None:
+        if mode == self.mode and self.proc is not None and self.proc.alive():
+            return
+        self.stop()
+        self.port = free_port()
+        self.proc = OperatorProcess(self.kubeconfig, self.out / f"operator-{mode}.log", resync_seconds=30,
+                                    env=READ_ENV[mode], extra_args=["--prometheus-url", self.prometheus_url,
+                                                                    "--health-port", str(self.port)]).start()
+        self.mode = mode
+        wait_for(lambda: self._get("/readyz").startswith("ok") or None, 120, "operator ready")
+
+    def _get(self, path: str) -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.read().decode()
+        except OSError:
+            return ""
+
+    def counters(self) -> dict[str, float]:
+        """Its pod scrapes, their bytes, its status applies, and its CPU seconds, now."""
+        out = {"t": time.monotonic(), "scrapes": 0.0, "bytes": 0.0, "status_applies": 0.0}
+        for family in text_string_to_metric_families(self._get("/metrics")):
+            for sample in family.samples:
+                if sample.name == "vllm_operator_pod_scrapes_total":
+                    out["scrapes"] += sample.value
+                elif sample.name == "vllm_operator_pod_scrape_bytes_total":
+                    out["bytes"] += sample.value
+                elif sample.name == "vllm_operator_api_writes_total" and sample.labels.get(
+                        "resource") == "vllmservers/status":
+                    out["status_applies"] += sample.value
+        assert self.proc is not None and self.proc.proc is not None
+        stat = Path(f"/proc/{self.proc.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out["cpu_seconds"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        return out
+
+    def load(self, seconds: float) -> dict[str, float]:
+        """Per minute over `seconds` (one server, one ready pod: per server and per pod alike)."""
+        a = self.counters()
+        time.sleep(seconds)
+        b = self.counters()
+        per_min = 60.0 / (b["t"] - a["t"])
+        scrapes = b["scrapes"] - a["scrapes"]
+        return {"scrapes_per_min": round(scrapes * per_min, 1),
+                "kb_per_min": round((b["bytes"] - a["bytes"]) * per_min / 1000, 1),
+                "bytes_per_scrape": round((b["bytes"] - a["bytes"]) / scrapes) if scrapes else None,
+                "status_applies_per_min": round((b["status_applies"] - a["status_applies"]) * per_min, 2),
+                "operator_cpu_ms_per_min": round((b["cpu_seconds"] - a["cpu_seconds"]) * per_min * 1000)}
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+        self.proc, self.mode = None, None
 
 
 # --------------------------------------------------------------------------- the trace
@@ -301,6 +380,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--stability-seconds", type=float, default=600, help="0: reaction trials only")
     ap.add_argument("--clients", type=int, default=8, help="closed-loop clients during the stability run")
     ap.add_argument("--sim-draws", type=int, default=200)
+    ap.add_argument("--reads", default="fixed,adaptive",
+                    help="the operator's read schedules to compare: fixed (before: every intervalSeconds, the whole "
+                         "/metrics; VLLM_OPERATOR_AUTOSCALER_READS=fixed) and adaptive (as shipped)")
+    ap.add_argument("--load-seconds", type=float, default=60, help="each scrape-load window (idle, busy)")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench-autoscale"))
     args = ap.parse_args(argv)
     out = Path(args.out).resolve()
@@ -309,11 +392,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     vllm_env.ensure_vllm()
 
     results: dict[str, Any] = {"settings": vars(args) | {"target": TARGET, "max_num_seqs": SLOTS,
-                                                         "interval_seconds": 5}}
+                                                         "interval_seconds": 5}, "reads": {}}
     cp = ControlPlane(out / "cp")
     cp.start()
     prometheus = PrometheusServer(out / "prometheus", scrape_interval=args.scrape_interval)
-    operator = kubelet = pods = sampler = None
+    operators = kubelet = pods = sampler = None
     try:
         prometheus.start()
         kube = Kube(cp.api_client())
@@ -322,15 +405,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         namespace = "bench"
         core = client.CoreV1Api(kube.api)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-        wait_for(lambda: core.read_namespaced_service_account("default", namespace).secrets, 60, "SA token")
+        # The test bed's Kubernetes (1.37) makes no token Secrets for ServiceAccounts: the account is enough.
+        wait_for(lambda: core.read_namespaced_service_account("default", namespace), 60, "default ServiceAccount")
         pods = Pods(namespace, out, prometheus)
         kubelet = FakeKubelet(kube.api, namespace=namespace, node_name="gpu-bench", gpu_product="NVIDIA-L4",
                               ip_pool=_pick_ips(3), on_pod_start=pods.on_pod_start, on_pod_stop=pods.on_pod_stop,
                               auto_ready=False)
         pods.kubelet = kubelet
         kubelet.start()
-        operator = OperatorProcess(cp.kubeconfig, out / "operator.log", resync_seconds=30,
-                                   extra_args=["--prometheus-url", prometheus.url]).start()
+        operators = Operators(cp.kubeconfig, out, prometheus.url)
         sampler = Sampler(Kube(kube.api, timeout=5.0), namespace, pods).start()
 
         def apply(**autoscaling: Any) -> None:
@@ -339,73 +422,113 @@ def main(argv: Optional[list[str]] = None) -> int:
         def replicas() -> int:
             return kube.get("apps/v1", "StatefulSet", namespace, NAME)["spec"].get("replicas", 1)
 
+        def idle_at_one() -> None:
+            wait_for(lambda: replicas() == 1 and sampler.points[-1].ready == [f"{NAME}-0"]
+                     and sum(sampler.points[-1].waiting.values()) == 0
+                     and sum(sampler.points[-1].running.values()) == 0, 300, "idle at 1 replica")
+
+        reads = args.reads.split(",")
+        operators.run(reads[0])
         apply(scaleDownStabilizationSeconds=10)
         t_load = time.monotonic()
         wait_for(lambda: sampler.points and sampler.points[-1].ready == [f"{NAME}-0"], 900, "pod 0 serving")
         print(f"vLLM pod 0 ready after {time.monotonic() - t_load:.0f}s", flush=True)
 
-        # ---- reaction trials
+        # ---- reaction trials: the read schedules alternate trial by trial (the machine's load drifts)
         for source in args.sources.split(","):
             apply(scaleDownStabilizationSeconds=10, source=source)
-            reactions: list[float] = []
-            missed = 0
+            reactions: dict[str, list[float]] = {mode: [] for mode in reads}
+            missed = dict.fromkeys(reads, 0)
             for trial in range(args.trials):
-                wait_for(lambda: replicas() == 1 and sampler.points[-1].ready == [f"{NAME}-0"]
-                         and sum(sampler.points[-1].waiting.values()) == 0, 300, "idle at 1 replica")
-                if source == "Prometheus":  # Prometheus must have seen the idle queue too
-                    time.sleep(scrape_s + 1)
-                # A random phase against the operator's ticks (5 s) and Prometheus's scrapes.
-                time.sleep(random.uniform(0, scrape_s if source == "Prometheus" else 5.0))
-                t0 = time.monotonic()
-                gen = LoadGenerator(lambda: [pods.url(f"{NAME}-0")], rate=50, max_requests=args.burst,
-                                    duration=180, max_tokens=1000).start()
-                u: Optional[float] = None
-                try:
-                    wait_for(lambda: replicas() > 1, 120, "scale-up", interval=0.1)
-                    u = time.monotonic()
-                except TimeoutError:
-                    pass
-                finally:
-                    gen.stop()
-                c = crossing(sampler.since(t0), TARGET)
-                if c is None or u is None:  # the queue drained before a scrape saw it, or the sampler missed it
-                    missed += 1
-                    print(f"{source} trial {trial + 1}: no scale-up measured (queue above target at "
-                          f"{None if c is None else round(c - t0, 1)}, scale-up {u is not None})", flush=True)
-                    continue
-                reactions.append(u - c)
-                print(f"{source} trial {trial + 1}: queue above target at +{c - t0:.1f}s, replicas patched "
-                      f"{u - c:.2f}s later", flush=True)
-            results[f"reaction_{source.lower()}"] = summary(reactions) | {"values": reactions, "missed": missed}
+                for mode in reads:
+                    operators.run(mode)
+                    idle_at_one()
+                    # From idle: the last scale (the one back to 1) older than the time the adaptive reads
+                    # stay fast after one, as for a server that has been idle a while.
+                    last_scale = max((p.t for p in sampler.points if p.replicas != 1), default=0.0)
+                    time.sleep(max(0.0, last_scale + schedule.RECENT_SCALE_SECONDS + 1 - time.monotonic()))
+                    if source == "Prometheus":  # Prometheus must have seen the idle queue too
+                        time.sleep(scrape_s + 1)
+                    # A random phase against the operator's reads (5 s at most) and Prometheus's scrapes.
+                    time.sleep(random.uniform(0, scrape_s if source == "Prometheus" else 5.0))
+                    t0 = time.monotonic()
+                    gen = LoadGenerator(lambda: [pods.url(f"{NAME}-0")], rate=50, max_requests=args.burst,
+                                        duration=180, max_tokens=1000).start()
+                    u: Optional[float] = None
+                    try:
+                        wait_for(lambda: replicas() > 1, 120, "scale-up", interval=0.1)
+                        u = time.monotonic()
+                    except TimeoutError:
+                        pass
+                    finally:
+                        gen.stop()
+                    c = crossing(sampler.since(t0), TARGET)
+                    if c is None or u is None:  # the queue drained before a read saw it, or the sampler missed it
+                        missed[mode] += 1
+                        print(f"{source} {mode} trial {trial + 1}: no scale-up measured (queue above target at "
+                              f"{None if c is None else round(c - t0, 1)}, scale-up {u is not None})", flush=True)
+                        continue
+                    reactions[mode].append(u - c)
+                    print(f"{source} {mode} trial {trial + 1}: queue above target at +{c - t0:.1f}s, replicas "
+                          f"patched {u - c:.2f}s later", flush=True)
+            for mode in reads:
+                results["reads"].setdefault(mode, {})[f"reaction_{source.lower()}"] = summary(
+                    reactions[mode]) | {"values": reactions[mode], "missed": missed[mode]}
+
+        # ---- scrape load per server: idle, and busy below the target (as many clients as slots: no queue)
+        apply(scaleDownStabilizationSeconds=10, source="Pods")
+        for mode in reads:
+            operators.run(mode)
+            idle_at_one()
+            results["reads"][mode]["load_idle"] = operators.load(args.load_seconds)
+            gen = LoadGenerator(lambda: [pods.url(f"{NAME}-0")], concurrency=SLOTS, max_requests=100_000,
+                                duration=args.load_seconds + 60, max_tokens=1000).start()
+            try:
+                wait_for(lambda: sum(sampler.points[-1].running.values()) >= 1, 60, "requests running")
+                results["reads"][mode]["load_busy"] = operators.load(args.load_seconds)
+            finally:
+                gen.stop()
+            print(f"scrape load, {mode}: idle {results['reads'][mode]['load_idle']}, "
+                  f"busy {results['reads'][mode]['load_busy']}", flush=True)
 
         if args.stability_seconds <= 0:
             (out / "results.json").write_text(json.dumps(results, indent=1))
             report(results, out)
             return 0
 
-        # ---- stability: default window, constant load, a real second replica
-        wait_for(lambda: replicas() == 1 and sum(sampler.points[-1].waiting.values()) == 0, 300, "idle")
-        pods.real_second = True
-        apply(source="Pods", maxReplicas=3)  # scaleDownStabilizationSeconds: the default 120
-        time.sleep(10)
-        t0 = time.monotonic()
+        # ---- stability: default window, constant load, a real second replica; each read schedule in turn
         ready_urls = lambda: [pods.url(n) for n in (sampler.points[-1].ready if sampler.points else [])]  # noqa: E731
-        gen = LoadGenerator(ready_urls, concurrency=args.clients, max_requests=100_000,
-                            duration=args.stability_seconds, max_tokens=1000).start()
-        while gen.running:
-            time.sleep(1)
-        gen.stop()
-        pts = sampler.since(t0 - 10)  # from 10 s before the load: what a scraper saw before it
-        changes = [(round(b.t - t0, 1), a.replicas, b.replicas) for a, b in zip(pts, pts[1:])
-                   if a.replicas != b.replicas]
-        c = crossing(pts, TARGET)
-        results["stability"] = {"seconds": args.stability_seconds, "clients": args.clients, "changes": changes,
-                                "reaction_seconds": (first_patch(pts, 1) - c) if c and first_patch(pts, 1) else None,
-                                "second_replica_ready_after": next((round(p.t - t0, 1) for p in pts
-                                                                    if len(p.ready) >= 2), None)}
-        print(f"stability: replica changes over {args.stability_seconds:.0f}s of constant load: {changes}",
-              flush=True)
-        (out / "trace.json").write_text(json.dumps([p.__dict__ for p in pts]))
+        pts: list[Point] = []
+        t0 = 0.0
+        for mode in reads:
+            operators.run(mode)
+            apply(scaleDownStabilizationSeconds=10, source="Pods")
+            idle_at_one()
+            pods.real_second = True
+            apply(source="Pods", maxReplicas=3)  # scaleDownStabilizationSeconds: the default 120
+            time.sleep(10)
+            t0 = time.monotonic()
+            before = operators.counters()
+            gen = LoadGenerator(ready_urls, concurrency=args.clients, max_requests=100_000,
+                                duration=args.stability_seconds, max_tokens=1000).start()
+            while gen.running:
+                time.sleep(1)
+            gen.stop()
+            after = operators.counters()
+            pods.real_second = False
+            pts = sampler.since(t0 - 10)  # from 10 s before the load: what a scraper saw before it
+            changes = [(round(b.t - t0, 1), a.replicas, b.replicas) for a, b in zip(pts, pts[1:])
+                       if a.replicas != b.replicas]
+            c = crossing(pts, TARGET)
+            results["reads"][mode]["stability"] = {
+                "seconds": args.stability_seconds, "clients": args.clients, "changes": changes,
+                "reaction_seconds": (first_patch(pts, 1) - c) if c and first_patch(pts, 1) else None,
+                "second_replica_ready_after": next((round(p.t - t0, 1) for p in pts if len(p.ready) >= 2), None),
+                "status_applies": after["status_applies"] - before["status_applies"],
+                "scrapes": after["scrapes"] - before["scrapes"]}
+            print(f"stability, {mode}: replica changes over {args.stability_seconds:.0f}s of constant load: "
+                  f"{changes}", flush=True)
+            (out / f"trace-{mode}.json").write_text(json.dumps([p.__dict__ for p in pts]))
 
         # ---- the simulation on the same traces
         ours = AutoscalingSpec(enabled=True, min_replicas=1, max_replicas=3, target_waiting_per_replica=TARGET)
@@ -429,8 +552,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         if sampler:
             sampler.stop()
-        if operator:
-            operator.stop()
+        if operators:
+            operators.stop()
         if kubelet:
             kubelet.stop()
         if pods:
@@ -487,17 +610,26 @@ def report(results: dict, out: Path) -> None:
         return f"p50 {s['p50']:.1f}s  p95 {s['p95']:.1f}s  max {s['max']:.1f}s  (n={s['n']}{extra})"
 
     print("\nreaction time (queue above target -> replicas patched)")
-    print(f"  measured, source Pods        {fmt(results.get('reaction_pods'))}")
-    print(f"  measured, source Prometheus  {fmt(results.get('reaction_prometheus'))}")
+    for mode, r in results.get("reads", {}).items():
+        for key in ("reaction_pods", "reaction_prometheus"):
+            if key in r:
+                label = f"measured, {mode} reads, source {key.split('_')[1]}"
+                print(f"  {label:<45}{fmt(r[key])}")
     for label, s in results.get("simulated_on_stability_trace", {}).items():
         print(f"  {label:<29}{fmt(s)}")
-    st = results.get("stability")
-    if not st:
-        print(f"results: {out / 'results.json'}")
-        return
-    print(f"stability: {len(st['changes'])} replica change(s) in {st['seconds']:.0f}s: {st['changes']}")
-    print(f"KEDA-default replay of the same trace changes replicas at: {results['keda_sim_changes']}")
-    print(f"  ... with the HPA's rules instead of this policy's: {results['keda_hpa_rules_sim_changes']}")
+    print("scrape load per server (one ready pod), per minute")
+    for mode, r in results.get("reads", {}).items():
+        for window in ("load_idle", "load_busy"):
+            if window in r:
+                print(f"  {mode:<9} {window[5:]:<5} {r[window]}")
+    for mode, r in results.get("reads", {}).items():
+        st = r.get("stability")
+        if st:
+            print(f"stability, {mode} reads: {len(st['changes'])} replica change(s) in {st['seconds']:.0f}s: "
+                  f"{st['changes']}; {st['status_applies']:.0f} status applies, {st['scrapes']:.0f} scrapes")
+    if "keda_sim_changes" in results:
+        print(f"KEDA-default replay of the last trace changes replicas at: {results['keda_sim_changes']}")
+        print(f"  ... with the HPA's rules instead of this policy's: {results['keda_hpa_rules_sim_changes']}")
     print(f"results: {out / 'results.json'}")
 
 

@@ -164,3 +164,87 @@ def test_the_autoscaler_does_not_import_the_reconciler():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.strip() == "[]"
+
+
+class QueueSource:
+    """Every ready pod answers the same queue (waiting, running), or fails with the error set."""
+
+    def __init__(self):
+        self.waiting, self.running, self.error = 0.0, 0.0, ""
+
+    def read(self, pods):
+        from vllm_operator.autoscaler.metrics import Sample
+
+        if self.error:
+            return [Sample.failed(p.name, self.error) for p in pods]
+        return [Sample(p.name, waiting=self.waiting, running=self.running) for p in pods]
+
+
+class ScalingKube(FakeKube):
+    """Status applies as FakeKube; a StatefulSet apply sets the cached StatefulSet's replicas."""
+
+    def __init__(self, body, cache):
+        super().__init__(body)
+        self.cache = cache
+
+    def apply(self, obj, *, subresource=None, field_manager=None):
+        if obj["kind"] == "StatefulSet":
+            self.cache.sts["spec"]["replicas"] = obj["spec"]["replicas"]
+            return obj
+        return super().apply(obj, subresource=subresource, field_manager=field_manager)
+
+
+def _one_ready_replica(**autoscaling):
+    body = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())
+    body["metadata"] = {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "5"}
+    body["spec"]["autoscaling"].update(autoscaling)
+    cache = EmptyCache()
+    cache.sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "spec": {"replicas": 1},
+                 "metadata": {"name": "s", "namespace": "ns", "ownerReferences": [{"uid": "u1", "controller": True}]}}
+    pod = {"metadata": {"name": "s-0", "namespace": "ns"}, "spec": {"containers": [{"name": "vllm"}]},
+           "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}
+    cache.pods = lambda namespace, name: [pod]
+    return body, cache
+
+
+def test_the_tick_says_when_to_read_again_from_what_it_read():
+    from vllm_operator.autoscaler import schedule
+
+    body, cache = _one_ready_replica(intervalSeconds=5, maxReplicas=4)
+    source, clock = QueueSource(), [1000.0]
+    scaler = actuator.Autoscaler(ScalingKube(body, cache), actuator.Sources(pods=source), "ns", "s",
+                                 clock=lambda: clock[0], reader=cache)
+
+    def tick(seconds, waiting=0.0, running=0.0, error=""):
+        source.waiting, source.running, source.error = waiting, running, error
+        clock[0] += seconds
+        return scaler.tick(json.loads(json.dumps(body)))
+
+    assert tick(0).next_read == schedule.NextRead(2.5, schedule.IDLE)
+    assert tick(2.5, running=1).next_read == schedule.NextRead(1.0, schedule.BUSY)
+    assert tick(1, running=2, waiting=1).next_read.why == schedule.BUSY
+    result = tick(1, running=2, waiting=20)  # 20 waiting, target 4: 1 -> 5, capped at 4
+    assert result.scaled and result.next_read.why == schedule.BUSY
+    for _ in range(3):  # the new replicas are on their way: the queue is empty now, yet the scale is recent
+        assert tick(10).next_read.why == schedule.BUSY
+    assert tick(1).next_read == schedule.NextRead(2.5, schedule.IDLE)  # 31 s after the scale
+    assert tick(2.5, error="timed out").next_read == schedule.NextRead(5.0, schedule.HOLDING)
+
+
+def test_prometheus_and_the_fixed_baseline_read_every_interval():
+    from vllm_operator.autoscaler import schedule
+
+    body, cache = _one_ready_replica(intervalSeconds=5, source="Prometheus")
+    source = QueueSource()
+    source.running = 2.0
+    scaler = actuator.Autoscaler(ScalingKube(body, cache), actuator.Sources(
+        "http://prometheus.example:9090", pods=QueueSource(), prometheus=lambda url: source), "ns", "s",
+        clock=lambda: 1000.0, reader=cache)
+    result = scaler.tick(json.loads(json.dumps(body)))
+    assert result.decision is not None and result.next_read == schedule.NextRead(5.0, schedule.FIXED)
+
+    body, cache = _one_ready_replica(intervalSeconds=5)
+    fixed = actuator.Sources(pods=source, fixed_reads=True)
+    scaler = actuator.Autoscaler(ScalingKube(body, cache), fixed, "ns", "s", clock=lambda: 1000.0, reader=cache)
+    assert scaler.tick(json.loads(json.dumps(body))).next_read == schedule.NextRead(5.0, schedule.FIXED)
+    assert not actuator.Sources(fixed_reads=True).pods.only_wanted and actuator.Sources().pods.only_wanted

@@ -57,9 +57,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802
         time.sleep(self.delay)
-        body = VLLM_METRICS.encode() if self.path == "/metrics" else b"no"
+        found = self.path.split("?", 1)[0] in ("/metrics", "/metrics/")  # as vLLM; the query is its to honour
+        body = VLLM_METRICS.encode() if found else b"no"
         try:
-            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_response(200 if found else 404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -208,3 +209,92 @@ def test_max_num_seqs_from_the_pods_args():
     assert actuator.max_num_seqs([pod("m", "--max-model-len", "4096")]) is None
     assert actuator.max_num_seqs([pod("m", "--max-num-seqs")]) is None
     assert actuator.max_num_seqs([]) is None
+
+
+def test_pods_source_asks_a_prometheus_client_exposition_for_the_five_families_only():
+    """vLLM serves /metrics with prometheus_client's make_asgi_app, which honours ``name[]``: the scrape
+    reads the gauges it parses, not the histograms (here the same exposition, prometheus_client's WSGI app).
+    Without the query (the bench's baseline) the whole registry comes back, and parses the same."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import CollectorRegistry, Gauge, Histogram, make_wsgi_app
+
+    registry = CollectorRegistry()
+    waiting = Gauge("vllm:num_requests_waiting", "w", ["engine"], registry=registry)
+    waiting.labels(engine="0").set(6)
+    Gauge("vllm:num_requests_running", "r", ["engine"], registry=registry).labels(engine="0").set(2)
+    Gauge("vllm:kv_cache_usage_perc", "kv", ["engine"], registry=registry).labels(engine="0").set(0.25)
+    latency = Histogram("vllm:e2e_request_latency_seconds", "h", ["engine"], registry=registry,
+                        buckets=[0.1 * i for i in range(1, 60)])
+    latency.labels(engine="0").observe(1.0)
+    asked = []
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *a):
+            pass
+
+    app = make_wsgi_app(registry)
+
+    def recording(environ, start_response):
+        asked.append(environ.get("QUERY_STRING", ""))
+        return app(environ, start_response)
+
+    server = make_server("127.0.0.1", 0, recording, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    from vllm_operator import fetch
+    from vllm_operator.autoscaler.metrics import ONLY_WANTED_QUERY
+    try:
+        pod = PodRef("p", "ns", "127.0.0.1", server.server_address[1])
+        filtered, full = PodsSource(timeout=2.0), PodsSource(timeout=2.0, only_wanted=False)
+        (a,), (b,) = filtered.read([pod]), full.read([pod])
+        url = f"http://127.0.0.1:{pod.port}/metrics"
+        small = fetch.get(f"{url}?{ONLY_WANTED_QUERY}", seconds=2, max_bytes=2**20)
+        large = fetch.get(url, seconds=2, max_bytes=2**20)
+        filtered.close(), full.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert asked[:2] == [ONLY_WANTED_QUERY, ""]
+    assert urllib.parse.parse_qs(asked[0]) == {"name[]": [
+        "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc", "vllm:cache_config_info"]}
+    assert (a.ok, a.waiting, a.running, a.kv_cache_usage) == (b.ok, b.waiting, b.running, b.kv_cache_usage) == (
+        True, 6.0, 2.0, 0.25)
+    assert b"e2e_request_latency" not in small and b"e2e_request_latency" in large
+    assert len(small) * 10 < len(large)
+
+
+def test_the_operator_counts_its_pod_scrapes_and_their_bytes(metrics_server):
+    from vllm_operator import telemetry
+
+    def counts():
+        get = telemetry.REGISTRY.get_sample_value
+        return (get("vllm_operator_pod_scrapes_total", {"result": "ok"}) or 0,
+                get("vllm_operator_pod_scrapes_total", {"result": "failed"}) or 0,
+                get("vllm_operator_pod_scrape_bytes_total") or 0)
+
+    port = metrics_server()
+    source = PodsSource(timeout=1.0)
+    before = counts()
+    source.read([PodRef("a", "ns", "127.0.0.1", port), PodRef("b", "ns", "127.0.0.1", 1)])
+    source.close()
+    after = counts()
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (1, 1, len(VLLM_METRICS.encode()))
+
+
+def test_a_pod_without_the_filtered_exposition_is_read_whole_from_then_on():
+    """A server answering /metrics only (404 at /metrics/, or a page without vLLM's gauges there) is read at
+    /metrics within the same read, and at /metrics alone afterwards; a pod that does not answer at all is
+    not retried at /metrics (it would fail the same)."""
+    text = VLLM_METRICS.encode()
+    with HostileServer({"/metrics": Reply(200, text)}) as plain, HostileServer(
+            {"/metrics": Reply(200, text), "/metrics/": Reply(200, b"<html>hello</html>")}) as other:
+        source = PodsSource(timeout=1.0)
+        pods = [PodRef("a", "ns", "127.0.0.1", plain.port), PodRef("b", "ns", "127.0.0.1", other.port),
+                PodRef("c", "ns", "127.0.0.1", 1)]
+        first, second = source.read(pods), source.read(pods)
+        source.close()
+        paths = [[r.split("?", 1)[0] for r in pod.requests] for pod in (plain, other)]
+    assert [(s.ok, s.waiting) for s in first + second] == [(True, 8.0), (True, 8.0), (False, 0.0)] * 2
+    assert first[2].error == second[2].error == "GET http://127.0.0.1:1/metrics: connection refused"
+    assert paths == [["/metrics/", "/metrics", "/metrics"]] * 2

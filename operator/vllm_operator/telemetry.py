@@ -57,6 +57,11 @@ AUTOSCALER_AT_MAX = Gauge(
 KOPF_ADAPTATION = Gauge(
     "kopf_adaptation", "1 while an adaptation of kopf (kopfext/) is in effect, 0 when its start-up self-test failed "
     "and kopf's own behaviour is used instead (the log says why).", ["adaptation"], namespace=NAMESPACE)
+POD_SCRAPES = Counter(
+    "pod_scrapes", "GETs of a pod's /metrics by the operator (the autoscaler's reads, source Pods, and the KV "
+    "capacity reads), by result (ok, failed).", ["result"], namespace=NAMESPACE)
+POD_SCRAPE_BYTES = Counter(
+    "pod_scrape_bytes", "Bytes of the /metrics bodies the operator read from pods.", namespace=NAMESPACE)
 BUILD_INFO = Gauge("build_info", "The operator's version and the vLLM release its flags are checked against.",
                    ["version", "vllm_version"], namespace=NAMESPACE)
 BUILD_INFO.labels(version=__version__, vllm_version=api.VLLM_VERSION).set(1)
@@ -89,6 +94,12 @@ def record_scaling_decision(namespace: str, name: str, direction: str) -> None:
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown scaling direction {direction!r}; expected one of {DIRECTIONS}")
     SCALING_DECISIONS.labels(namespace=namespace, name=name, direction=direction).inc()
+
+
+def record_scrape(ok: bool, size: int) -> None:
+    """One GET of a pod's /metrics ended: answered with `size` bytes, or failed."""
+    POD_SCRAPES.labels(result="ok" if ok else "failed").inc()
+    POD_SCRAPE_BYTES.inc(size)
 
 
 def record_server(namespace: str, name: str, ready: bool, replicas: int, ready_replicas: int) -> None:

@@ -1,4 +1,4 @@
-"""The autoscaler's loop: every intervalSeconds read the queue, decide, patch replicas, report.
+"""The autoscaler's loop: read the queue, decide, patch replicas, report; again soon while the server works.
 
 One kopf daemon per VLLMServer whose ``autoscaling`` is enabled with ``mode: Operator``.
 Each tick (`Autoscaler.tick`, plain blocking code run in a small thread pool):
@@ -11,7 +11,10 @@ Each tick (`Autoscaler.tick`, plain blocking code run in a small thread pool):
    autoscaler's own field manager and record a ScaledUp/ScaledDown event;
 4. server-side apply ``status.autoscaling`` and the AutoscalingActive/AutoscalingLimited
    conditions on the status subresource under the same field manager, only when they
-   changed (numbers alone refresh at most every STATUS_REFRESH_SECONDS).
+   changed (numbers alone refresh at most every STATUS_REFRESH_SECONDS);
+5. when to read again (`schedule.next_read`): every second while a replica has requests waiting or
+   running, twice per intervalSeconds while idle, every intervalSeconds while holding or with
+   ``source: Prometheus``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import asyncio
 import copy
 import datetime as dt
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,7 +39,7 @@ from ..informers.reader import DirectReader, Reader, controlled_by
 from ..controller.kube import Kube
 from ..urlpolicy import URLPolicy
 from ..conditions import Conditions
-from . import policy
+from . import policy, schedule
 from .metrics import MetricsSource, PodRef, PodsSource, PrometheusSource, Sample
 from .ownership import CONDITIONS, FIELD_MANAGER, clear_status, has_status
 
@@ -54,6 +58,9 @@ UNCACHED_GET_SECONDS = 30.0
 MISSING_POD_GRACE_SECONDS = 60.0
 #: Startup budget of a pod without a startup probe.
 DEFAULT_STARTUP_SECONDS = 600.0
+#: ``fixed``: the reads before the adaptive schedule (every intervalSeconds, the whole /metrics), the
+#: baseline of bench/autoscale.py; read once, when the autoscaler's context is created.
+READS_ENV = "VLLM_OPERATOR_AUTOSCALER_READS"
 #: The one kind of child a tick reads: only a StatefulSet is autoscaled.
 STATEFULSET = ("apps/v1", "StatefulSet")
 
@@ -163,11 +170,16 @@ class Sources:
     """The metrics sources, shared by every server's loop (one scrape pool for all pods)."""
 
     def __init__(self, default_prometheus_url: Optional[str] = None, pods: Optional[MetricsSource] = None,
-                 prometheus: Callable[[str], MetricsSource] = PrometheusSource, urls: Optional[URLPolicy] = None):
+                 prometheus: Callable[[str], MetricsSource] = PrometheusSource, urls: Optional[URLPolicy] = None,
+                 fixed_reads: bool = False):
         self.default_prometheus_url = default_prometheus_url
         #: The prometheusURLs a spec may name (urlpolicy.py); None: any.
         self.urls = urls
-        self.pods = pods or PodsSource()
+        self.pods = pods or PodsSource(only_wanted=not fixed_reads)
+        #: Every read every intervalSeconds, as before the schedule (READS_ENV=fixed).
+        self.fixed_reads = fixed_reads
+        #: The fast reads' shared budget (schedule.py, rule 4).
+        self.fast_reads = schedule.FastReads()
         self._prometheus = prometheus
         #: The KV cache each pod's vLLM allocated: recorded from the ticks' pod scrapes, and scraped now and then
         #: in the same pool for the reconciler's status.kvCapacity when no tick scrapes the pod (kvcapacity.py).
@@ -194,6 +206,8 @@ class TickResult:
     scaled: bool = False
     status_written: bool = False
     note: str = ""
+    next_read: Optional[schedule.NextRead] = None
+    """When to read again; None: in intervalSeconds."""
 
 
 def at_max_replicas(decision: policy.Decision) -> bool:
@@ -229,6 +243,8 @@ class Autoscaler:
         self._uncached: Optional[tuple[float, Optional[dict[str, Any]]]] = None
         #: The server as our last status write's answer: the body a tick gets (kopf's) may lag behind it.
         self._last_answer: Optional[dict[str, Any]] = None
+        #: When this loop last changed the replica count (the clock's time).
+        self._scaled_at: Optional[float] = None
 
     # ---- the tick
     def tick(self, body: dict[str, Any]) -> TickResult:
@@ -303,7 +319,19 @@ class Autoscaler:
             log.info("%s/%s: %s", self.namespace, self.name, decision.reason)
         status = self._status(decision, samples, last_scale)
         result.status_written = self._write(body, status, decision, now, described)
+        result.next_read = self._next_read(samples, decision, a, source, now, scaled=result.scaled)
         return result
+
+    def _next_read(self, samples: list[Sample], decision: policy.Decision, a: api.AutoscalingSpec,
+                   source: MetricsSource, now: float, scaled: bool) -> schedule.NextRead:
+        if scaled:
+            self._scaled_at = now
+        # Prometheus's numbers move once per its scrape interval (15 s by default): reading it faster
+        # than intervalSeconds would mostly re-read them.
+        fixed = self.sources.fixed_reads or source is not self.sources.pods
+        since = None if self._scaled_at is None else now - self._scaled_at
+        return schedule.next_read(samples, float(a.interval_seconds), hold=decision.hold, since_scale=since,
+                                  budget=self.sources.fast_reads, now=now, fixed=fixed)
 
     def _missing_replicas(self, current: int, pods: list[dict[str, Any]], now: float) -> int:
         """Replicas the StatefulSet wants whose pod does not exist yet (the controller creates
@@ -416,7 +444,8 @@ class Context:
     def create(cls, kube: Kube, reader: Reader, default_prometheus_url: Optional[str] = None, *, workers: int = 4,
                urls: Optional[URLPolicy] = None) -> "Context":
         return cls(kube=Kube(kube.api, field_manager=FIELD_MANAGER, timeout=10.0),
-                   sources=Sources(default_prometheus_url, urls=urls),
+                   sources=Sources(default_prometheus_url, urls=urls,
+                                   fixed_reads=os.environ.get(READS_ENV, "") == "fixed"),
                    executor=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="autoscaler"),
                    reader=reader)
 
@@ -430,12 +459,14 @@ class Context:
             while not stopped:
                 started = loop.time()
                 snapshot = copy.deepcopy(dict(body))  # kopf updates `body` in place on this thread
+                result: Optional[TickResult] = None
                 try:
-                    await loop.run_in_executor(self.executor, scaler.tick, snapshot)  # logs its scalings itself
+                    result = await loop.run_in_executor(self.executor, scaler.tick, snapshot)  # logs its scalings
                 except Exception as e:  # noqa: BLE001 - a failed tick (a copy not readable) is retried next time
                     logger.warning("autoscaler tick for %s/%s failed: %s", namespace, name, e)
-                interval = ((body.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds", 5)
-                await stopped.wait(max(0.05, float(interval) - (loop.time() - started)))
+                interval = float(((body.get("spec") or {}).get("autoscaling") or {}).get("intervalSeconds", 5))
+                wait = result.next_read.seconds if result is not None and result.next_read is not None else interval
+                await stopped.wait(max(0.05, wait - (loop.time() - started)))
         finally:
             operator_metrics.forget_autoscaler(namespace, name)  # no loop, no "at maxReplicas" (nor a stale one)
         reason = getattr(stopped, "reason", None)
