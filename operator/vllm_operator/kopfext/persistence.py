@@ -105,7 +105,7 @@ class MemoryDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 def _without_status(body: Any) -> kopf.Body:
     """The body (shallow) minus the status and metadata.managedFields: nothing of the essence."""
-    raw = {k: v for k, v in body.items() if k != "status"}
+    raw: Any = {k: v for k, v in body.items() if k != "status"}
     if isinstance(raw.get("metadata"), Mapping):
         raw["metadata"] = {k: v for k, v in raw["metadata"].items() if k != "managedFields"}
     return kopf.Body(raw)
@@ -186,11 +186,12 @@ def self_test_diffbase(finalizer: str = f"{_SELF_TEST_PREFIX}/finalizer") -> Opt
         return "kopf's last-handled-configuration annotation is no longer read back as the essence"
     if ours.build(body=earlier) != essence:
         return "kopf's diff base no longer leaves its own annotation out of the essence"
-    full = kopf.Body({"apiVersion": "example.invalid/v1", "kind": "X", "spec": {"a": 1}, "status": {"b": 2},
-                      "other": {"c": [1, {"d": 2}]},
-                      "metadata": {"name": "s", "namespace": "ns", "uid": "self-test", "finalizers": [finalizer],
-                                   "labels": {"a": "b"}, "annotations": {**annotations, "note": "kept"},
-                                   "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]}})
+    raw: Any = {"apiVersion": "example.invalid/v1", "kind": "X", "spec": {"a": 1}, "status": {"b": 2},
+                "other": {"c": [1, {"d": 2}]},
+                "metadata": {"name": "s", "namespace": "ns", "uid": "self-test", "finalizers": [finalizer],
+                             "labels": {"a": "b"}, "annotations": {**annotations, "note": "kept"},
+                             "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]}}
+    full = kopf.Body(raw)
     if ours.build(body=full) != kopf_storage.build(body=full):
         return "the essence built without the status and managedFields differs from kopf's"
     fresh = MemoryDiffBaseStorage(prefix=_SELF_TEST_PREFIX, key=key, finalizer=finalizer)
