@@ -235,3 +235,23 @@ def test_an_audit_forgets_what_kopf_discarded():
     idx.clear()  # kopf discarded it (its DELETED event came after all)
     assert objects.audit(cache.CHILDREN_INDEX, []) == []  # no LIST judges anything; the pass still trims
     assert objects._seen[cache.CHILDREN_INDEX] == {} and objects._gone[cache.CHILDREN_INDEX] == frozenset()
+
+
+def test_slim_copies_kopf_views_into_plain_dicts_and_lists():
+    """What the copies keep is plain data of its own: kopf's views (Body, Spec) become dicts, tuples lists; the
+    leaves (str subclasses, numbers, booleans, None) are kept as they are."""
+    import kopf
+
+    class Name(str):
+        pass
+
+    raw = {"apiVersion": "apps/v1", "kind": "StatefulSet",
+           "metadata": {"name": Name("s"), "namespace": "ns", "uid": "u", "labels": {"a": "b"}},
+           "spec": {"replicas": 2, "ratio": 0.5, "paused": False, "none": None, "ports": ({"port": 80},),
+                    "template": {"spec": {"containers": [{"name": "c", "args": ["--x", "1"]}]}}},
+           "status": {"readyReplicas": 1}}
+    out = cache.slim(kopf.Body(raw))
+    assert out == {**raw, "spec": {**raw["spec"], "ports": [{"port": 80}]}}
+    assert type(out["spec"]) is dict and type(out["spec"]["ports"]) is list
+    assert out["spec"]["template"] is not raw["spec"]["template"]  # a copy: kopf may change its body later
+    assert out["metadata"]["name"] == "s" and isinstance(out["metadata"]["name"], Name)

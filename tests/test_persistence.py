@@ -136,3 +136,27 @@ def test_a_kopf_that_no_longer_reads_its_annotation_back_fails_the_diffbase_self
     """An earlier version's annotation would be ignored: every server would read as new after an upgrade."""
     monkeypatch.setattr(kopf.AnnotationsDiffBaseStorage, "fetch", lambda self, *, body: None)
     assert "read back" in persistence.self_test_diffbase(FINALIZER)
+
+
+def test_the_essence_is_kopfs_without_copying_the_status_and_managed_fields():
+    """The diff base is built from the body without its status and managedFields (kopf deep-copies them only
+    to drop them): the same essence as kopf's own build, for a server as the API server sends it."""
+    example = json.loads(json.dumps(dict(server({"model": "a", "gpu": {"count": 2}}, annotations={
+        "note": "kept", "kubectl.kubernetes.io/last-applied-configuration": "{}"}, labels={"team": "x"}))))
+    example["status"] = {"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "False"}],
+                         "plan": {"args": ["--x"]}}
+    example["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Apply",
+                                             "fieldsV1": {"f:spec": {"f:model": {}}}}]
+    body = kopf.Body(example)
+    kopfs = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-handled-configuration").build(body=body)
+    assert storage().build(body=body) == kopfs
+    assert kopfs["metadata"]["labels"] == {"team": "x"} and "status" not in kopfs
+    # a handler on a status field (extra fields): kopf's own build, status kept where asked
+    assert storage().build(body=body, extra_fields=[("status", "observedGeneration")]) == kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration").build(body=body, extra_fields=[("status", "observedGeneration")])
+
+
+def test_a_lighter_build_that_loses_part_of_the_essence_fails_the_diffbase_self_test(monkeypatch):
+    monkeypatch.setattr(persistence, "_without_status",
+                        lambda body: kopf.Body({k: v for k, v in body.items() if k not in ("status", "other")}))
+    assert "differs from kopf's" in persistence.self_test_diffbase()

@@ -40,6 +40,7 @@ kopf's progress storage either way).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import kopf
@@ -84,6 +85,15 @@ class MemoryDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         self._bases[uid] = None  # new: kopf adds the finalizer, then creates
         return None
 
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        """kopf's essence, from the body without the parts kopf's build deep-copies only to drop them: the
+        status and metadata.managedFields (most of a server's body; kopf builds the essence on every event of
+        every server). With extra fields (a handler on a status field; the operator has none) kopf's own."""
+        fields = list(extra_fields or [])
+        if fields:
+            return super().build(body=body, extra_fields=fields)
+        return super().build(body=_without_status(body), extra_fields=fields)
+
     def store(self, *, body: Any, patch: Any, essence: Any) -> None:
         meta = body.get("metadata") or {}
         self._bases[meta.get("uid") or ""] = _pack(essence)
@@ -91,6 +101,14 @@ class MemoryDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         for full_key in self.make_keys(self.key, body=body):
             if full_key in annotations:
                 patch.metadata.annotations[full_key] = None  # an earlier version's copy: now stale
+
+
+def _without_status(body: Any) -> kopf.Body:
+    """The body (shallow) minus the status and metadata.managedFields: nothing of the essence."""
+    raw: Any = {k: v for k, v in body.items() if k != "status"}
+    if isinstance(raw.get("metadata"), Mapping):
+        raw["metadata"] = {k: v for k, v in raw["metadata"].items() if k != "managedFields"}
+    return kopf.Body(raw)
 
 
 class ProgressAnnotationsStorage(kopf.AnnotationsProgressStorage):
@@ -168,6 +186,14 @@ def self_test_diffbase(finalizer: str = f"{_SELF_TEST_PREFIX}/finalizer") -> Opt
         return "kopf's last-handled-configuration annotation is no longer read back as the essence"
     if ours.build(body=earlier) != essence:
         return "kopf's diff base no longer leaves its own annotation out of the essence"
+    raw: Any = {"apiVersion": "example.invalid/v1", "kind": "X", "spec": {"a": 1}, "status": {"b": 2},
+                "other": {"c": [1, {"d": 2}]},
+                "metadata": {"name": "s", "namespace": "ns", "uid": "self-test", "finalizers": [finalizer],
+                             "labels": {"a": "b"}, "annotations": {**annotations, "note": "kept"},
+                             "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]}}
+    full = kopf.Body(raw)
+    if ours.build(body=full) != kopf_storage.build(body=full):
+        return "the essence built without the status and managedFields differs from kopf's"
     fresh = MemoryDiffBaseStorage(prefix=_SELF_TEST_PREFIX, key=key, finalizer=finalizer)
     if fresh.fetch(body=_body()) is not None or fresh.fetch(body=plain) is not None:
         return "a new object does not read as new"
