@@ -494,7 +494,8 @@ class EngineSpec(_Model):
     max_num_batched_tokens: Optional[int] = Field(None, ge=1, le=10_000_000, alias="maxNumBatchedTokens")
     """Token budget per scheduler step (--max-num-batched-tokens); at least maxNumSeqs."""
     kv_cache_dtype: Optional[Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]] = Field(None, alias="kvCacheDtype")
-    """KV cache dtype (--kv-cache-dtype); fp8 halves KV memory per token."""
+    """KV cache dtype (--kv-cache-dtype); fp8 halves KV memory per token. Refused where no attention backend of the
+    image's vLLM release stores it on the GPU (an fp8 KV cache needs compute capability 8.0 or newer: docs/gpus.md)."""
     enable_prefix_caching: Optional[bool] = Field(None, alias="enablePrefixCaching")
     """Reuse KV blocks of shared prompt prefixes (--enable-prefix-caching / --no-enable-prefix-caching)."""
     enforce_eager: Optional[bool] = Field(None, alias="enforceEager")
@@ -1015,7 +1016,7 @@ class VLLMServerStatus(_Status):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """SpecValid, Ready, Progressing, Degraded, Stalled, Reconciling, ExternalScaler, PlanOutdated,
-    AutoscalingActive, AutoscalingLimited."""
+    ExtraArgsUnchecked, AutoscalingActive, AutoscalingLimited."""
     replicas: Optional[int] = None
     """Pods the workload wants."""
     ready_replicas: Optional[int] = Field(None, alias="readyReplicas")
