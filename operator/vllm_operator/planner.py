@@ -645,7 +645,7 @@ def check(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[str], m
     plan with, and the model's facts."""
     spec = p.spec
     p.problems.extend(check_spec(p.name, spec, default_prometheus_url=default_prometheus_url,
-                                 allow_unsafe_args=allow_unsafe_args, urls=urls))
+                                 allow_unsafe_args=allow_unsafe_args, urls=urls, checked=p.flags))
     if allow_unsafe_args:
         unsafe_overrides(p)
     p.tensor_parallel_size = spec.gpu.count

@@ -361,10 +361,12 @@ def flag_check(spec: VLLMServerSpec) -> FlagCheck:
 
 
 def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optional[str] = None,
-               allow_unsafe_args: bool = False, urls: Optional[URLPolicy] = None) -> list[Problem]:
+               allow_unsafe_args: bool = False, urls: Optional[URLPolicy] = None,
+               checked: Optional[FlagCheck] = None) -> list[Problem]:
     """Semantic checks the CRD schema cannot express, every rule family in turn. Pure. `urls`: the operator's URL
-    settings (urlpolicy.py; spec.model.configURL is checked before it is fetched, in pipeline.plan_server)."""
-    checked = flag_check(spec)
+    settings (urlpolicy.py; spec.model.configURL is checked before it is fetched, in pipeline.plan_server);
+    `checked`: the spec's flag_check when the caller has it already (the planner's Plan.flags)."""
+    checked = checked or flag_check(spec)
     return [
         *name_problems(name),
         *autoscaling_problems(spec, default_prometheus_url, urls),
