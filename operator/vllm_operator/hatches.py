@@ -20,7 +20,7 @@ instead. Every walk is linear in the template's size, which the patch's bounds (
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from . import api, builders, podsecurity, smp
 from .planner import Plan, Problem
@@ -172,6 +172,11 @@ def _shape_problems(pod_spec: dict[str, Any]) -> list[Problem]:
     return out
 
 
+def _changed(base: dict[str, Any], final: dict[str, Any], keys: Iterable[str]) -> list[str]:
+    """The keys whose value the patch changed (added, removed or altered), in the order given."""
+    return [key for key in keys if final.get(key) != base.get(key)]
+
+
 def _by_name(items: Any) -> dict[str, dict[str, Any]]:
     return {str(i.get("name")): i for i in items or [] if isinstance(i, dict)}
 
@@ -184,26 +189,21 @@ def _derived_fields(plan: Plan, base: dict[str, Any], final: dict[str, Any]) -> 
         if labels.get(key) != value:
             out.append(Problem(f"{PATCH_FIELD}.metadata.labels[{key}]", "the operator's label (the workload's "
                                                                         "selector and the Services use it)"))
-    for key, instead in PROTECTED_POD_FIELDS.items():
-        if final_spec.get(key) != base_spec.get(key):
-            out.append(Problem(f"{PATCH_FIELD}.spec.{key}", f"set by the operator: {instead}"))
-    base_volumes, final_volumes = _by_name(base_spec.get("volumes")), _by_name(final_spec.get("volumes"))
-    for name in api.OPERATOR_VOLUMES:
-        if final_volumes.get(name) != base_volumes.get(name):
-            out.append(Problem(f"{PATCH_FIELD}.spec.volumes[{name}]", "the operator's volume; use spec.cache, "
-                                                                       "spec.ipc or spec.shmSize"))
+    for key in _changed(base_spec, final_spec, PROTECTED_POD_FIELDS):
+        out.append(Problem(f"{PATCH_FIELD}.spec.{key}", f"set by the operator: {PROTECTED_POD_FIELDS[key]}"))
+    volumes = _by_name(base_spec.get("volumes")), _by_name(final_spec.get("volumes"))
+    for name in _changed(*volumes, api.OPERATOR_VOLUMES):
+        out.append(Problem(f"{PATCH_FIELD}.spec.volumes[{name}]", "the operator's volume; use spec.cache, "
+                                                                   "spec.ipc or spec.shmSize"))
     vllm = _by_name(final_spec.get("containers")).get("vllm")
     base_vllm = _by_name(base_spec.get("containers"))["vllm"]
     where = f"{PATCH_FIELD}.spec.containers[vllm]"
     if vllm is None:
         return out + [Problem(where, "the vLLM container may not be removed")]
-    for key, instead in PROTECTED_VLLM_FIELDS.items():
-        if vllm.get(key) != base_vllm.get(key):
-            out.append(Problem(f"{where}.{key}", f"derived by the operator: {instead}"))
-    base_env, final_env = _by_name(base_vllm.get("env")), _by_name(vllm.get("env"))
-    for name in api.OWNED_ENV:
-        if final_env.get(name) != base_env.get(name):
-            out.append(Problem(f"{where}.env[{name}]", "set by the operator; use spec.cache or spec.hfTokenSecretRef"))
+    for key in _changed(base_vllm, vllm, PROTECTED_VLLM_FIELDS):
+        out.append(Problem(f"{where}.{key}", f"derived by the operator: {PROTECTED_VLLM_FIELDS[key]}"))
+    for name in _changed(_by_name(base_vllm.get("env")), _by_name(vllm.get("env")), api.OWNED_ENV):
+        out.append(Problem(f"{where}.env[{name}]", "set by the operator; use spec.cache or spec.hfTokenSecretRef"))
     base_download = _by_name(base_spec.get("initContainers")).get(builders.DOWNLOAD_CONTAINER)
     download = _by_name(final_spec.get("initContainers")).get(builders.DOWNLOAD_CONTAINER)
     if download != base_download:
