@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness.convergence import wait_established
 from tests.harness.controlplane import wait_for
 from vllm_operator import packaging
 
@@ -60,9 +61,7 @@ class Policy:
         [crd] = [d for d in self.render({}, include_crds=True) if d["kind"] == "CustomResourceDefinition"
                  and d["metadata"]["name"] == "vllmservers.vllm-operator.io"]
         cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
-        wait_for(lambda: cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                                    "crd/vllmservers.vllm-operator.io", check=False).returncode == 0,
-                 60, "the CRD established")
+        wait_established(cp, "vllmservers.vllm-operator.io")
 
     def render(self, settings: dict, **kwargs) -> list[dict]:
         values = {"operator": {"watchNamespaces": [self.namespace]}, "admissionPolicy": settings}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness.convergence import wait_established
 from tests.harness.controlplane import wait_for
 from tests.harness.fakekubelet import FakeKubelet
 from vllm_operator.autoscaler import actuator, ownership, policy
@@ -266,7 +267,7 @@ def test_keda_mode_without_keda_says_so_and_applies_it_once_keda_is_there(contro
 
     control_plane.kubectl("apply", "-f", "-", input=json.dumps(SCALED_OBJECT_CRD))
     try:
-        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/scaledobjects.keda.sh")
+        wait_established(control_plane, "scaledobjects.keda.sh")
         reconciler._keda = None  # forget the cached discovery answer (it is trusted for 30 s)
         wait_for(lambda: kube.serves("keda.sh/v1alpha1"), 30, "keda.sh/v1alpha1 served")
         server = converge(reconciler, kube, namespace, name)

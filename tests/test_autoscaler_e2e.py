@@ -35,6 +35,7 @@ import yaml
 from kubernetes import client
 
 from tests.harness import vllm_env
+from tests.harness.convergence import wait_established
 from tests.harness.controlplane import wait_for
 from tests.harness.fakekubelet import FakeKubelet, free_loopback_ips
 from tests.harness.loadgen import LoadGenerator
@@ -163,7 +164,7 @@ def stack(control_plane, k8s, tmp_path_factory):
     work = tmp_path_factory.mktemp("autoscale-e2e")
     prometheus = PrometheusServer(work / "prometheus", scrape_interval="1s").start()
     control_plane.kubectl("apply", "-f", str(CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
+    wait_established(control_plane, "vllmservers.vllm-operator.io")
     namespace = f"autoscale-{os.getpid()}-{random.randint(0, 9999)}"
     core = client.CoreV1Api(k8s)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.harness.controlplane import wait_for
-from tests.harness.convergence import (apply_server, example, install_crd, server_doc, wait_converged)
+from tests.harness.convergence import (apply_server, example, install_crd, server_doc, wait_converged,
+                                       wait_established)
 from tests.harness.operator_process import ACTING, OperatorProcess
 from vllm_operator.kopfext import peering
 from vllm_operator.controller.kube import Kube
@@ -36,7 +37,7 @@ def kube(control_plane) -> Kube:
     install_crd(control_plane)
     control_plane.kubectl("apply", "-f", str(PEERING_CRDS))
     for crd in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
-        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+        wait_established(control_plane, f"{crd}")
     return Kube(control_plane.api_client())
 
 

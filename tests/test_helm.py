@@ -17,6 +17,7 @@ import subprocess
 import pytest
 import yaml
 
+from tests.harness.convergence import wait_established
 from tests.harness.controlplane import KUBECTL, wait_for
 from tests.harness.lua_health import run_health_check
 from tests.harness.operator_install import (ROOT, children, condition, get_server, http_get, load_example, operator_deployment,
@@ -103,7 +104,7 @@ def test_install_then_the_operator_under_the_charts_account_serves_a_model(contr
     # the two Helm libraries agree: what helm-sdkpy installed is what `make generate` renders
     assert [d for d in yaml.safe_load_all(result["manifest"]) if d] == packaging.render_chart(
         ROOT / packaging.CHART, {"operator": {"resyncSeconds": 5}}, release=release, namespace=namespace)
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
+    wait_established(cp, "vllmservers.vllm-operator.io")
     sa = f"{release}-vllm-operator"
 
     with run_as_installed(cp, namespace, tmp_path) as (proc, port, deployment):

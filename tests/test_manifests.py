@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from tests.harness.convergence import wait_established
 from tests.harness.controlplane import wait_for
 from tests.harness.operator_install import ROOT, children, rbac_trouble, run_as_installed, serve_example_until_ready
 from tests.harness.serviceaccount import can_i
@@ -71,7 +72,7 @@ def clean(control_plane):
 
 def apply_bundle(cp) -> None:
     cp.kubectl("apply", "-f", str(BUNDLE))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
+    wait_established(cp, "vllmservers.vllm-operator.io")
 
 
 def test_bundle_gives_the_objects_helm_install_gives(clean):

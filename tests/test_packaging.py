@@ -23,6 +23,7 @@ import yaml
 from packaging.requirements import Requirement  # pytest's own dependency
 from packaging.utils import canonicalize_name
 
+from tests.harness.convergence import wait_established
 from tests.harness.controlplane import KUBE_VERSION
 from vllm_operator import cli, hub, packaging, vllm_flags
 from vllm_operator.api import MIN_KUBERNETES_VERSION as MIN_VERSION
@@ -455,7 +456,7 @@ def test_operator_output_for_every_example_passes_server_side_dry_run(control_pl
     doc = yaml.safe_load((ROOT / "examples" / example).read_text())
     doc["metadata"]["namespace"] = namespace
     control_plane.kubectl("apply", "-f", str(ROOT / "crds" / packaging.CRD_FILE))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
+    wait_established(control_plane, "vllmservers.vllm-operator.io")
     server_dry_run(control_plane, [doc])
 
 

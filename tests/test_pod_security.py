@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness.convergence import wait_established
 from tests.harness.controlplane import wait_for
 from tests.harness.operator_process import OperatorProcess
 from vllm_operator import podsecurity
@@ -92,7 +93,7 @@ def test_our_reading_of_restricted_matches_the_api_servers(control_plane, namesp
 @pytest.fixture(scope="module")
 def operator(control_plane, tmp_path_factory):
     control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
+    wait_established(control_plane, "vllmservers.vllm-operator.io")
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     proc = OperatorProcess(control_plane.kubeconfig, log, resync_seconds=3).start()
     yield proc

@@ -42,6 +42,7 @@ import yaml
 from kubernetes import client
 
 from tests.harness import netns, vllm_env
+from tests.harness.convergence import wait_established
 from tests.harness.controlplane import ControlPlane, ensure_binaries, wait_for
 from tests.harness.fakekubelet import FakeKubelet
 from tests.harness.operator_process import OperatorProcess
@@ -189,7 +190,7 @@ def world(tmp_path_factory):
               "kube": Kube(k8s), "core": client.CoreV1Api(k8s), "cp": cp, "load": None, "results": {}}
         try:
             cp.kubectl("apply", "-f", str(CRD))
-            cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vllmservers.vllm-operator.io")
+            wait_established(cp, "vllmservers.vllm-operator.io")
             st["core"].create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
             wait_for(lambda: st["core"].read_namespaced_service_account("default", namespace), 60,
                      "default ServiceAccount")

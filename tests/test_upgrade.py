@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness.convergence import wait_established
 from tests.harness.controlplane import wait_for
 from tests.harness.operator_process import ACTING, OperatorProcess
 from vllm_operator.controller import replan
@@ -47,8 +48,7 @@ def crd(control_plane):
     """Install a CRD version; the current one is back afterwards, for the other tests."""
     def install(path: Path) -> None:
         control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                              "crd/vllmservers.vllm-operator.io")
+        wait_established(control_plane, "vllmservers.vllm-operator.io")
     yield install
     install(CRD)
 

@@ -34,9 +34,14 @@ def install_crd(control_plane, path: Path = CRD) -> None:
     """Install (or replace) the CRD and wait until it is served. `kubectl wait` fails outright while a new CRD
     has no conditions at all yet, so it is polled."""
     control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    wait_for(lambda: control_plane.kubectl("wait", "--for=condition=Established", "--timeout=5s",
-                                           f"crd/{api.PLURAL}.{api.GROUP}", check=False).returncode == 0,
-             60, "the CRD established")
+    wait_established(control_plane, f"{api.PLURAL}.{api.GROUP}")
+
+
+def wait_established(control_plane, crd: str, timeout: float = 60) -> None:
+    """Wait until a CRD is served. `kubectl wait` fails outright (".status.conditions accessor error") while a new
+    CRD has no conditions at all yet, instead of waiting, so it is polled."""
+    wait_for(lambda: control_plane.kubectl("wait", "--for=condition=Established", "--timeout=5s", f"crd/{crd}",
+                                           check=False).returncode == 0, timeout, f"the CRD {crd} established")
 
 
 def example(file: str | Path) -> dict[str, Any]:
