@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT)]
 
 from tests.harness.hostile_http import HostileServer, Reply, redirect_to, secret_page  # noqa: E402
-from vllm_operator import api, catalog, fetch, validation  # noqa: E402
-from vllm_operator.autoscaler import metrics  # noqa: E402
+from vllm_operator import api, validation  # noqa: E402
+from vllm_operator.sources import fetch, model_facts  # noqa: E402
+from vllm_operator.sources import vllm_metrics as metrics  # noqa: E402
 from tests.test_autoscaler_metrics import VLLM_METRICS  # noqa: E402 - vLLM 0.32's /metrics shape
 
 # --------------------------------------------------------------------------- the old code, as it was
@@ -126,7 +127,7 @@ CHILD = """
 import json, sys, time
 sys.path[:0] = {paths!r}
 sys.setrecursionlimit(1000)
-from vllm_operator import catalog  # noqa: E402 - in the baseline for both: the operator has it loaded
+from vllm_operator.sources import model_facts  # noqa: E402 - in the baseline for both: the operator has it loaded
 
 
 def peak():  # VmHWM: ru_maxrss would carry the parent's high-water mark across fork and exec
@@ -145,8 +146,8 @@ print(json.dumps([before, peak(), outcome, time.perf_counter() - t0]))
 """
 #: The old read: at most 16 MiB, then json.loads of all of it.
 OLD_CONFIG = "assert len(raw) <= {cap}; json.loads(raw.decode('utf-8'))".format(cap=OLD_MAX_CONFIG_BYTES)
-#: The new one: at most 1 MiB, then catalog's parse (fetch.load_json: depth scan, json.loads; an object).
-NEW_CONFIG = "assert len(raw) <= catalog.MAX_CONFIG_BYTES; catalog._config_object(raw, 'bench')"
+#: The new one: at most 1 MiB, then model_facts's parse (fetch.load_json: depth scan, json.loads; an object).
+NEW_CONFIG = "assert len(raw) <= model_facts.MAX_CONFIG_BYTES; model_facts._config_object(raw, 'bench')"
 
 
 def in_child(build: str, parse: str) -> tuple[float, float, str, float]:
@@ -162,7 +163,7 @@ def bench_config() -> None:
            "input built", "input", "old: 16 MiB cap, json.loads", "new: 1 MiB cap, depth scan, json.loads")
     empties = "b'{{\"a\":[' + b'{{}},' * ({n} // 3) + b'{{}}]}}'"
     cases = [("16 MiB of {\"a\":[{},{},...]}", empties.format(n=OLD_MAX_CONFIG_BYTES - 16)),
-             ("1 MiB of the same (the most new accepts)", empties.format(n=catalog.MAX_CONFIG_BYTES - 16)),
+             ("1 MiB of the same (the most new accepts)", empties.format(n=model_facts.MAX_CONFIG_BYTES - 16)),
              ("[[[...]]] 100,000 deep (195 KB)", "b'[' * 100000 + b']' * 100000")]
     for label, build in cases:
         cells = []

@@ -63,8 +63,8 @@ from tests.harness.procs import free_port  # noqa: E402
 from tests.harness.prometheus import PrometheusServer  # noqa: E402
 from vllm_operator.api import AutoscalingSpec  # noqa: E402
 from vllm_operator.autoscaler import policy, schedule  # noqa: E402
-from vllm_operator.autoscaler.metrics import Sample, parse_vllm_metrics  # noqa: E402
-from vllm_operator.controller.kube import Kube  # noqa: E402
+from vllm_operator.sources.vllm_metrics import Sample, parse_vllm_metrics  # noqa: E402
+from vllm_operator.kube.client import Kube  # noqa: E402
 
 NAME = "bench"
 TARGET = 4

@@ -56,7 +56,7 @@ from tests.harness.operator_process import OperatorProcess  # noqa: E402
 from vllm_operator import api, builders, pipeline  # noqa: E402
 from vllm_operator.conditions import Conditions  # noqa: E402
 from vllm_operator.kopfext import toggles as kopf_toggles  # noqa: E402
-from vllm_operator.controller.kube import Kube  # noqa: E402
+from vllm_operator.kube.client import Kube  # noqa: E402
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 CRD = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"

@@ -20,7 +20,7 @@ from tests.harness.operator_install import kubectl_apply as apply_server
 from tests.harness.operator_install import load_example as example
 from tests.harness.operator_install import wait_status
 from vllm_operator import builders
-from vllm_operator.controller.kube import Kube
+from vllm_operator.kube.client import Kube
 
 pytestmark = pytest.mark.apiserver
 

@@ -39,7 +39,7 @@ from tests.harness.fakekubelet import FakeKubelet, free_loopback_ips
 from tests.harness.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
 from tests.harness.operator_install import condition, free_port, kubectl_apply
 from tests.harness.operator_process import OperatorProcess
-from vllm_operator.controller.kube import Kube
+from vllm_operator.kube.client import Kube
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.story]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_operator.controller import apierrors
-from vllm_operator.controller.apierrors import CONFLICT, REJECTED, THROTTLED
+from vllm_operator.kube import apierrors
+from vllm_operator.kube.apierrors import CONFLICT, REJECTED, THROTTLED
 
 
 @pytest.mark.parametrize("status, kind", [

@@ -115,7 +115,7 @@ class ScriptedSource:
         self.waiting: object = 0.0
 
     def read(self, pods):
-        from vllm_operator.autoscaler.metrics import Sample
+        from vllm_operator.sources.vllm_metrics import Sample
 
         if isinstance(self.waiting, str):
             return [Sample.failed(p.name, self.waiting) for p in pods]
@@ -173,7 +173,7 @@ class QueueSource:
         self.waiting, self.running, self.error = 0.0, 0.0, ""
 
     def read(self, pods):
-        from vllm_operator.autoscaler.metrics import Sample
+        from vllm_operator.sources.vllm_metrics import Sample
 
         if self.error:
             return [Sample.failed(p.name, self.error) for p in pods]

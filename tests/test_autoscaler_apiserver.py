@@ -18,8 +18,8 @@ from tests.harness.convergence import wait_established
 from tests.harness.controlplane import wait_for
 from tests.harness.fakekubelet import FakeKubelet
 from vllm_operator.autoscaler import actuator, ownership, policy
-from vllm_operator.autoscaler.metrics import Sample
-from vllm_operator.controller.kube import FIELD_MANAGER, Kube
+from vllm_operator.sources.vllm_metrics import Sample
+from vllm_operator.kube.client import FIELD_MANAGER, Kube
 from vllm_operator.controller.reconcile import Reconciler
 
 pytestmark = pytest.mark.apiserver

@@ -43,8 +43,8 @@ from tests.harness.operator_process import OperatorProcess
 from tests.harness.monitoring import dashboard_queries
 from tests.harness.operator_install import free_port
 from tests.harness.prometheus import PrometheusServer
-from vllm_operator.autoscaler.metrics import parse_vllm_metrics
-from vllm_operator.controller.kube import Kube
+from vllm_operator.sources.vllm_metrics import parse_vllm_metrics
+from vllm_operator.kube.client import Kube
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.vllm, pytest.mark.story]
 

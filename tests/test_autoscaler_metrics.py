@@ -13,7 +13,7 @@ import pytest
 
 from tests.harness.hostile_http import HostileServer, Reply
 from vllm_operator.autoscaler import actuator, ownership
-from vllm_operator.autoscaler.metrics import PodRef, PodsSource, PrometheusSource, parse_vllm_metrics, queue_query
+from vllm_operator.sources.vllm_metrics import PodRef, PodsSource, PrometheusSource, parse_vllm_metrics, queue_query
 
 # The shape vLLM 0.32's /metrics has (two engines of a data-parallel server).
 VLLM_METRICS = """\
@@ -241,8 +241,8 @@ def test_pods_source_asks_a_prometheus_client_exposition_for_the_five_families_o
 
     server = make_server("127.0.0.1", 0, recording, handler_class=Quiet)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    from vllm_operator import fetch
-    from vllm_operator.autoscaler.metrics import ONLY_WANTED_QUERY
+    from vllm_operator.sources import fetch
+    from vllm_operator.sources.vllm_metrics import ONLY_WANTED_QUERY
     try:
         pod = PodRef("p", "ns", "127.0.0.1", server.server_address[1])
         filtered, full = PodsSource(timeout=2.0), PodsSource(timeout=2.0, only_wanted=False)
@@ -274,7 +274,7 @@ def test_the_operator_counts_its_pod_scrapes_and_their_bytes(metrics_server):
                 get("vllm_operator_pod_scrape_bytes_total") or 0)
 
     port = metrics_server()
-    source = PodsSource(timeout=1.0)
+    source = PodsSource(timeout=1.0, on_scrape=telemetry.record_scrape)
     before = counts()
     source.read([PodRef("a", "ns", "127.0.0.1", port), PodRef("b", "ns", "127.0.0.1", 1)])
     source.close()

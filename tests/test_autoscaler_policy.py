@@ -6,7 +6,7 @@ import pytest
 
 from vllm_operator.api import AutoscalingSpec
 from vllm_operator.autoscaler import policy
-from vllm_operator.autoscaler.metrics import Sample
+from vllm_operator.sources.vllm_metrics import Sample
 
 NOW = 1000.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_operator.autoscaler import schedule
-from vllm_operator.autoscaler.metrics import Sample
+from vllm_operator.sources.vllm_metrics import Sample
 
 IDLE = [Sample("s-0", waiting=0, running=0, kv_cache_usage=0.0)]
 

@@ -25,15 +25,12 @@ from vllm_operator.catalog import (
     UnknownModelError,
     architecture_from_config,
     estimate_parameter_count,
-    fetch_config,
-    hf_config_url,
     known_gpus,
     known_models,
     lookup_gpu,
     lookup_model,
-    read_config_file,
-    resolve_model,
 )
+from vllm_operator.sources.model_facts import fetch_config, hf_config_url, read_config_file, resolve_model
 
 REQUIRED = (
     "num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",

@@ -32,7 +32,7 @@ from tests.harness.convergence import (EXAMPLES, apply_server, delete_server, ex
                              server_doc, wait_converged)
 from tests.harness.operator_process import OperatorProcess
 from vllm_operator import api, pipeline
-from vllm_operator.controller.kube import Kube
+from vllm_operator.kube.client import Kube
 
 pytestmark = pytest.mark.apiserver
 

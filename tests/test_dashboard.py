@@ -12,6 +12,7 @@ import re
 from itertools import combinations
 
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from tests.harness import monitoring, vllm_env
@@ -51,7 +52,7 @@ VLLM_METRICS = set().union(*(exposed(n, k) for n, k in VLLM_DECLARED.items()))
 def operator_metrics() -> set[str]:
     """The operator's metric names, as its /metrics exposes them, from telemetry.py's own objects."""
     names = set()
-    for obj in vars(telemetry).values():
+    for obj in vars(telemetry.Metrics(CollectorRegistry())).values():
         if isinstance(obj, MetricWrapperBase):
             for family in obj.describe():
                 names |= exposed(family.name, family.type)

@@ -26,7 +26,7 @@ from tests.harness.fakekubelet import Fault, FakeKubelet
 from tests.harness.kstatus import kstatus
 from tests.harness.lua_health import run_health_check
 from tests.harness.operator_install import condition, events_for, kubectl_apply, load_example
-from vllm_operator.controller.kube import Kube
+from vllm_operator.kube.client import Kube
 
 pytestmark = [pytest.mark.apiserver]
 

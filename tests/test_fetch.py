@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.harness.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
-from vllm_operator import fetch
+from vllm_operator.sources import fetch
 
 
 def failure(url: str, **kwargs) -> str:

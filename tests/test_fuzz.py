@@ -287,7 +287,7 @@ def broken(draw) -> tuple[dict[str, Any], str]:
 
 # ----------------------------------------------------------------------------- the pipeline under test
 def offline_fetch(url: str) -> dict:
-    raise ValueError(f"could not fetch config.json from {url}: no network in tests")  # as catalog.fetch_config
+    raise ValueError(f"could not fetch config.json from {url}: no network in tests")  # as model_facts.fetch_config
 
 
 OWNER = {"metadata": {"name": "owner", "uid": "00000000-0000-0000-0000-000000000000"}}
@@ -411,7 +411,7 @@ def sample_rendered(strategy, count: int, max_examples: int = 400) -> list[tuple
 def test_a_sample_of_rendered_specs_is_accepted_by_the_api_server(control_plane, k8s, namespace, stress_report):
     """Server-side dry-run: the VLLMServer against the CRD schema, every child against the API's validation."""
     from tests.harness.convergence import install_crd
-    from vllm_operator.controller.kube import ApiError, Kube
+    from vllm_operator.kube.client import ApiError, Kube
 
     install_crd(control_plane)
     kube = Kube(k8s)
@@ -442,7 +442,7 @@ def test_a_sample_of_rendered_specs_is_accepted_by_the_api_server(control_plane,
 
 
 def _path(obj: dict) -> str:
-    from vllm_operator.controller.kube import path_for
+    from vllm_operator.kube.client import path_for
 
     return path_for(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
 

@@ -22,7 +22,7 @@ from tests.harness.convergence import (apply_server, example, install_crd, serve
                                        wait_established)
 from tests.harness.operator_process import ACTING, OperatorProcess
 from vllm_operator.kopfext import peering
-from vllm_operator.controller.kube import Kube
+from vllm_operator.kube.client import Kube
 
 pytestmark = pytest.mark.apiserver
 

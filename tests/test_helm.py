@@ -25,7 +25,7 @@ from tests.harness.operator_install import (ROOT, children, condition, get_serve
 from tests.harness.operator_process import ACTING
 from tests.harness.serviceaccount import can_i, service_account_kubeconfig
 from vllm_operator import packaging
-from vllm_operator.controller.kube import Kube
+from vllm_operator.kube.client import Kube
 
 pytestmark = pytest.mark.apiserver
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from tests.harness.hub_http import HubServer
-from vllm_operator import api, catalog, cli, hub, pipeline
+from vllm_operator import api, catalog, cli, pipeline
+from vllm_operator.sources import hub, model_facts
 
 DATA = Path(__file__).resolve().parent / "data" / "hub"
 SAFETENSORS = json.loads((DATA / "safetensors.json").read_text())
@@ -168,7 +169,7 @@ def test_a_spec_that_gives_the_facts_needs_no_hub(stand_in):
 
 def test_the_operator_keeps_the_last_good_facts_through_a_hub_outage(stand_in):
     clock = [1_000_000.0]
-    configs = catalog.ConfigCache(ttl=600, retry=60, clock=lambda: clock[0])
+    configs = model_facts.ConfigCache(ttl=600, retry=60, clock=lambda: clock[0])
 
     def plan():
         return pipeline.plan_server("moe", "ns", spec(QWEN_MOE), hf_endpoint=stand_in.base, configs=configs)
@@ -249,7 +250,7 @@ def test_the_reconciler_plans_a_gated_hub_model_once_the_operator_has_its_token(
     world = World({"model": {"name": LLAMA_GATED}})
     world.reconciler.hf_endpoint = stand_in.base
     world.reconciler.hf_token = hub.token_reader(str(token_file))
-    world.reconciler.configs = catalog.ConfigCache(clock=lambda: clock[0])
+    world.reconciler.configs = model_facts.ConfigCache(clock=lambda: clock[0])
 
     status = world.reconcile()["status"]
     valid = condition(status, "SpecValid")

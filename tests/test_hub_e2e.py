@@ -14,7 +14,7 @@ from tests.harness.hub_http import HubServer
 from tests.harness.operator_install import condition, kubectl_apply, wait_status
 from tests.harness.operator_process import OperatorProcess
 from vllm_operator import api
-from vllm_operator.controller.kube import Kube
+from vllm_operator.kube.client import Kube
 
 pytestmark = [pytest.mark.apiserver]
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.harness.kstatus import CLI_UTILS_VERSION, kstatus, version
 from tests.harness.memory_world import NS, World
-from vllm_operator.controller.kube import ApiError
+from vllm_operator.kube.client import ApiError
 
 L4_X3 = {"gpu": {"count": 3, "product": "NVIDIA-L4"}}  # 32 attention heads do not split over 3 GPUs
 

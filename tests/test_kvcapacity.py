@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.harness.memory_world import NS, World
-from vllm_operator.controller import kvcapacity
-from vllm_operator.autoscaler.metrics import PodRef, Sample, kv_capacity_tokens, parse_vllm_metrics
+from vllm_operator.sources.vllm_metrics import (REFRESH_SECONDS, Observations, PodRef, Sample, kv_capacity_tokens,
+                                                parse_vllm_metrics)
 
 DATA = Path(__file__).resolve().parent / "data"
 REAL = (DATA / "vllm-0.32.0-cpu-tiny-metrics.txt").read_text()
@@ -54,7 +54,7 @@ class FakeScrapes:
 def test_observations_scrape_each_pod_once_per_refresh_in_the_background():
     now = [1000.0]
     scrapes = FakeScrapes()
-    obs = kvcapacity.Observations(submit=scrapes, clock=lambda: now[0])
+    obs = Observations(submit=scrapes, clock=lambda: now[0])
     a, b = PodRef("s-0", NS, "10.0.0.1"), PodRef("s-1", NS, "10.0.0.2")
     assert obs.measure([a, b]) == {}  # nothing known yet: the scrapes start, the caller does not wait
     assert [r.name for r, _ in scrapes.started] == ["s-0", "s-1"]
@@ -63,7 +63,7 @@ def test_observations_scrape_each_pod_once_per_refresh_in_the_background():
     assert obs.measure([a, b]) == {"s-0": 524288, "s-1": 524288}
     now[0] += 60
     assert obs.measure([a, b]) and len(scrapes.started) == 2  # fresh: no scrape
-    now[0] += kvcapacity.REFRESH_SECONDS
+    now[0] += REFRESH_SECONDS
     obs.measure([a, b])
     assert len(scrapes.started) == 4  # stale: scraped again, the old numbers meanwhile
     for _, f in scrapes.started[2:]:
@@ -75,7 +75,7 @@ def test_observations_scrape_each_pod_once_per_refresh_in_the_background():
 
 def test_the_autoscalers_scrapes_are_readings_so_no_second_scrape():
     scrapes = FakeScrapes()
-    obs = kvcapacity.Observations(submit=scrapes)
+    obs = Observations(submit=scrapes)
     a = PodRef("s-0", NS, "10.0.0.1")
     obs.record([a], [parse_vllm_metrics("s-0", REAL, 0.0)])
     obs.record([a], [Sample.failed("s-0", "timed out")])  # a failed tick is no reading
@@ -90,7 +90,7 @@ def _ready(world: World, name: str, ip: str) -> None:
 def test_status_shows_plan_beside_measurement_and_warns_once_when_below():
     world = World()
     scrapes = FakeScrapes()
-    world.reconciler.kv_capacity = kvcapacity.Observations(submit=scrapes)
+    world.reconciler.kv_capacity = Observations(submit=scrapes)
     status = world.reconcile()["status"]
     planned = status["plan"]["estimates"]["kvCacheTokens"]
     assert status["kvCapacity"] == {"planned": planned}  # no ready pod: nothing measured yet
@@ -142,7 +142,7 @@ def test_the_real_cpu_server_reports_what_its_1_gib_kv_cache_holds(tmp_path):
     import time
 
     from tests.harness.vllm_env import free_port, start_vllm, tiny_model_dir
-    from vllm_operator.autoscaler.metrics import PodsSource
+    from vllm_operator.sources.vllm_metrics import PodsSource
 
     cfg = json.loads((tiny_model_dir() / "config.json").read_text())
     per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4  # float32
@@ -152,7 +152,7 @@ def test_the_real_cpu_server_reports_what_its_1_gib_kv_cache_holds(tmp_path):
     source = PodsSource(timeout=5)
     try:
         proc.wait_healthy(300)
-        obs = kvcapacity.Observations(submit=source.submit)
+        obs = Observations(submit=source.submit)
         ref = PodRef("tiny-0", NS, host, proc.port)
         deadline = time.monotonic() + 30
         while not (found := obs.measure([ref])):

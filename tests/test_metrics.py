@@ -52,7 +52,7 @@ def test_recording_functions_count():
 
 
 def test_every_reconcile_result_is_a_series_before_it_happens():
-    body = metrics.generate_latest(metrics.REGISTRY).decode()
+    body = metrics.generate_latest(metrics.Metrics(CollectorRegistry()).registry).decode()
     for result in metrics.RESULTS:
         assert f'vllm_operator_reconciles_total{{result="{result}"}}' in body
 

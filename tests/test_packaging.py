@@ -25,7 +25,8 @@ from packaging.utils import canonicalize_name
 
 from tests.harness.convergence import wait_established
 from tests.harness.controlplane import KUBE_VERSION
-from vllm_operator import cli, hub, packaging, vllm_flags
+from vllm_operator import cli, packaging, vllm_flags
+from vllm_operator.sources import hub
 from vllm_operator.api import MIN_KUBERNETES_VERSION as MIN_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from tests.harness.convergence import wait_established
 from tests.harness.controlplane import wait_for
 from tests.harness.operator_process import OperatorProcess
 from vllm_operator import podsecurity
-from vllm_operator.controller.kube import Kube
+from vllm_operator.kube.client import Kube
 
 pytestmark = pytest.mark.apiserver
 

@@ -16,7 +16,7 @@ from tests.harness.memory_world import NS, MemoryKube, World
 from tests.test_cache import FakeIndex, child
 from vllm_operator import api, builders, operator_main
 from vllm_operator import telemetry as metrics
-from vllm_operator.controller.kube import ApiError
+from vllm_operator.kube.client import ApiError
 from vllm_operator.controller.reconcile import Reconciler
 from vllm_operator.informers import cache
 from vllm_operator.informers.reader import DirectReader, NotSynced, ReadFailed, Reader

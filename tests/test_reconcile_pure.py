@@ -6,7 +6,7 @@ import copy
 import json
 
 from tests.harness.memory_world import NS, World
-from vllm_operator.controller.kube import ApiError
+from vllm_operator.kube.client import ApiError
 from vllm_operator.conditions import Conditions, condition
 from vllm_operator.controller.reconcile import HASH_ANNOTATION, is_subset, up_to_date, with_hash, workload_progress
 

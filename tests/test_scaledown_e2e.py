@@ -47,7 +47,7 @@ from tests.harness.controlplane import ControlPlane, ensure_binaries, wait_for
 from tests.harness.fakekubelet import FakeKubelet
 from tests.harness.operator_process import OperatorProcess
 from tests.harness.servicelb import LOST, EndpointSliceRouter, StreamingLoad
-from vllm_operator.controller.kube import Kube
+from vllm_operator.kube.client import Kube
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.vllm, pytest.mark.story]
 

@@ -22,7 +22,7 @@ import yaml
 
 from tests.harness.status_cases import all_statuses
 from vllm_operator import api
-from vllm_operator.controller.kube import ApiError, path_for
+from vllm_operator.kube.client import ApiError, path_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,9 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.harness.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
-from vllm_operator import api, catalog, pipeline
-from vllm_operator.autoscaler import actuator, metrics
-from vllm_operator.autoscaler.metrics import (MAX_METRICS_BYTES, PARSE_SECONDS, PodRef, PodsSource, PrometheusSource,
+from vllm_operator import api, pipeline
+from vllm_operator.sources import model_facts
+from vllm_operator.autoscaler import actuator
+from vllm_operator.sources import vllm_metrics as metrics
+from vllm_operator.sources.vllm_metrics import (MAX_METRICS_BYTES, PARSE_SECONDS, PodRef, PodsSource, PrometheusSource,
     parse_vllm_metrics)
 from tests.test_autoscaler_actuator import ROOT, FakeKube
 from tests.test_autoscaler_metrics import VLLM_METRICS
@@ -218,7 +220,7 @@ def config_plan(url: str, *, name: str = "acme/x", timeout: float = 1.0, configs
     doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
     doc["spec"]["model"] = {"name": name, "configURL": url, **model}
     return pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]), configs=configs,
-                                fetch=functools.partial(catalog.fetch_config, timeout=timeout))
+                                fetch=functools.partial(model_facts.fetch_config, timeout=timeout))
 
 
 def config_problem(url: str, **kwargs) -> str:
@@ -237,7 +239,7 @@ GOOD_CONFIG = Reply(200, json.dumps(LLAMA_31_8B).encode())
     (Reply(404, SECRET.encode()), "HTTP 404"),  # the current code quoted the reason phrase
     (secret_page(), "not JSON"),
     (Reply(200, json.dumps([SECRET]).encode()), "not a JSON object"),
-    (Reply(200, b" " * (catalog.MAX_CONFIG_BYTES + 1)), "response larger than 1048576 bytes"),
+    (Reply(200, b" " * (model_facts.MAX_CONFIG_BYTES + 1)), "response larger than 1048576 bytes"),
     (Reply(200, b'{"a":' * 100_000 + b"1" + b"}" * 100_000), "JSON nested deeper than 32 levels"),
     (Reply(200, GOOD_CONFIG.body, trickle=0.1), "timed out"),
 ])
@@ -303,7 +305,7 @@ def test_any_config_json_is_a_plan_or_problems_never_an_exception(changes, catal
 
 def test_a_hub_outage_keeps_the_last_good_facts_with_a_note():
     clock = [1_000_000.0]
-    configs = catalog.ConfigCache(ttl=600, retry=60, clock=lambda: clock[0])
+    configs = model_facts.ConfigCache(ttl=600, retry=60, clock=lambda: clock[0])
     with HostileServer({"/config.json": GOOD_CONFIG}) as hub:
         url = f"{hub.base}/config.json"
         first = config_plan(url, configs=configs)
@@ -322,7 +324,7 @@ def test_a_hub_outage_keeps_the_last_good_facts_with_a_note():
 
 def test_a_failing_url_is_retried_after_the_retry_interval_not_every_reconcile():
     clock = [0.0]
-    configs = catalog.ConfigCache(ttl=600, retry=60, clock=lambda: clock[0])
+    configs = model_facts.ConfigCache(ttl=600, retry=60, clock=lambda: clock[0])
     with HostileServer({"/config.json": Reply(200, GOOD_CONFIG.body, trickle=0.1)}) as slow:
         url = f"{slow.base}/config.json"
         assert config_problem(url, configs=configs) == "timed out"
@@ -337,7 +339,7 @@ def test_a_failing_url_is_retried_after_the_retry_interval_not_every_reconcile()
 
 
 def test_the_config_cache_keeps_the_most_recently_used():
-    configs = catalog.ConfigCache(max_entries=2)
+    configs = model_facts.ConfigCache(max_entries=2)
     arch = api.ModelArchitecture(numLayers=2)
     for url in ("a", "b", "a", "c"):
         configs.facts(url, None, lambda: arch)

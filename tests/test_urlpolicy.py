@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from vllm_operator import api, cli, operator_main, pipeline
-from vllm_operator.controller import kvcapacity
+from vllm_operator.sources import vllm_metrics
 from vllm_operator.autoscaler import actuator
 from vllm_operator.urlpolicy import PUBLIC_HUB, URLPolicy, allows
 
@@ -102,7 +102,7 @@ def pod(name: str, ip: str, **spec: Any) -> dict[str, Any]:
 
 def test_a_pod_on_the_nodes_network_is_never_scraped():
     pods = [pod("a-0", "10.1.0.5"), pod("a-1", "192.168.0.7", hostNetwork=True), pod("a-2", "")]
-    assert [p.name for p in kvcapacity.ready_pods(pods)] == ["a-0"]
+    assert [p.name for p in vllm_metrics.ready_pods(pods)] == ["a-0"]
     groups = actuator.classify_pods(pods, now=0.0)
     assert [p.name for p in groups.ready] == ["a-0"]
     assert groups.ready_unscraped == ["a-1 (host network: the operator scrapes pod IPs only)", "a-2 (no IP yet)"]

@@ -556,6 +556,11 @@ class SecretKeyRef(_Model):
 
 
 # --------------------------------------------------------------------------- autoscaling
+#: The autoscaler's tolerance, the HPA's: no change while the ratio of the queue to its target is within 10% of 1
+#: (autoscaler/policy.py decides with it; the planner sizes --max-num-queued-reqs above it).
+AUTOSCALING_TOLERANCE = 0.1
+
+
 class AutoscalingSpec(_Model):
     """Scale replicas on vLLM's own queue (vllm:num_requests_waiting)."""
 

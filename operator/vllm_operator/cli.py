@@ -11,7 +11,8 @@ from typing import Any, Optional, TextIO, Union
 
 import yaml
 
-from . import api, builders, catalog, crd, hub, pipeline
+from . import api, builders, catalog, crd, pipeline
+from .sources import hub
 from .planner import GiB, Plan
 
 BAR_WIDTH = 60

@@ -26,13 +26,15 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, builders, hub, kopfext, telemetry
-from .controller import apierrors, events, replan
+from . import api, builders, kopfext, telemetry
+from .sources import hub
+from .controller import replan
+from .kube import apierrors, events
 from .informers import cache, kopfindex
 from .informers.reader import ReadFailed
 from .kopfext import peering
 from .autoscaler import actuator, ownership
-from .controller.kube import ApiError, Kube
+from .kube.client import ApiError, Kube
 from .controller.reconcile import Reconciler
 from .urlpolicy import URLPolicy
 
@@ -261,6 +263,7 @@ def register_handlers(registry: kopf.OperatorRegistry, op: Operator, *, resync_s
 def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON if args.log_format == "json"
                    else kopf.LogFormat.FULL)
+    metrics = telemetry.start()  # the operator's metrics, registered now (telemetry.py); served below
     reconciler = make_reconciler(args)
     op = Operator(reconciler)
     reconciler.reader = op.objects  # reconciles read the watch-fed copies (informers/cache.py)
@@ -290,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
                     connections=kopfext.session.connection_limit(watched, len(namespaces)), registry=registry)
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (telemetry.py); kopf's own liveness endpoint stays off.
-    server = telemetry.serve(args.health_port, op.health) if args.health_port else None
+    server = telemetry.serve(args.health_port, op.health, registry=metrics.registry) if args.health_port else None
     try:
         kopf.run(
             registry=registry,

@@ -17,6 +17,7 @@ import pydantic
 import yaml
 
 from . import api, catalog, chattemplate, hatches, planner
+from .sources import model_facts
 from .urlpolicy import URLPolicy
 
 
@@ -168,11 +169,11 @@ def plan_server(
     spec: api.VLLMServerSpec,
     *,
     hf_endpoint: Optional[str] = None,
-    fetch: Callable[..., dict] = catalog.fetch_config,
+    fetch: Callable[..., dict] = model_facts.fetch_config,
     default_prometheus_url: Optional[str] = None,
     allow_unsafe_args: bool = False,
     local_files: bool = False,
-    configs: Optional[catalog.ConfigCache] = None,
+    configs: Optional[model_facts.ConfigCache] = None,
     urls: Optional[URLPolicy] = None,
     hf_token: Union[str, bool, None] = False,
 ) -> planner.Plan:
@@ -192,13 +193,13 @@ def plan_server(
     try:
         if refused:
             raise ValueError(refused)
-        model = catalog.resolve_model(spec.model, **resolving)
+        model = model_facts.resolve_model(spec.model, **resolving)
     except catalog.UnknownModelError as exc:
         model, model_error = None, str(exc)
         base = quantized_base_name(spec.model.name)
         if base is not None:
             try:
-                resolved = catalog.resolve_model(spec.model.model_copy(update={"name": base}), **resolving)
+                resolved = model_facts.resolve_model(spec.model.model_copy(update={"name": base}), **resolving)
             except ValueError:
                 pass
             else:

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import api, vllm_flags
-from .api import VLLMServerSpec, parse_quantity
-from .autoscaler.policy import TOLERANCE
+from .api import AUTOSCALING_TOLERANCE, VLLMServerSpec, parse_quantity
 from .catalog import Architecture, ResolvedModel
 from .gpus import GPUSelection, select_gpu
 from .urlpolicy import URLPolicy
@@ -1036,7 +1035,7 @@ def min_queue_cap(max_num_seqs: int, target_waiting: float) -> int:
     and waiting requests against the cap (SchedulerConfig.max_num_queued_reqs), so with max_num_seqs running
     at most cap - max_num_seqs wait; the autoscaler (and an HPA, with the same default tolerance) scales up
     only when more than target x (1 + tolerance) wait per replica."""
-    return max_num_seqs + math.floor(target_waiting * (1 + TOLERANCE) + 1e-9) + 1
+    return max_num_seqs + math.floor(target_waiting * (1 + AUTOSCALING_TOLERANCE) + 1e-9) + 1
 
 
 def check_queue_cap(p: Plan) -> None:
@@ -1055,8 +1054,9 @@ def check_queue_cap(p: Plan) -> None:
             p.problem("spec.engine.maxNumQueuedReqs",
                       f"{cap} requests per server, {seqs} of them running (max-num-seqs), leave room for at most "
                       f"{max(cap - seqs, 0)} waiting; the autoscaler scales up only when more than "
-                      f"{a.target_waiting_per_replica * (1 + TOLERANCE):g} wait per replica (targetWaitingPerReplica "
-                      f"{a.target_waiting_per_replica:g} and its {TOLERANCE:.0%} tolerance), so it would never scale "
+                      f"{a.target_waiting_per_replica * (1 + AUTOSCALING_TOLERANCE):g} wait per replica "
+                      f"(targetWaitingPerReplica {a.target_waiting_per_replica:g} and its "
+                      f"{AUTOSCALING_TOLERANCE:.0%} tolerance), so it would never scale "
                       f"up and vLLM would answer 503 instead. Use at least {need}, or lower targetWaitingPerReplica")
     elif cap < seqs:
         p.notes.append(f"warning: engine.maxNumQueuedReqs {cap} is below --max-num-seqs {seqs}: vLLM never runs more "

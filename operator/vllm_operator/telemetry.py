@@ -7,8 +7,9 @@ One small threaded HTTP server on `--health-port` answers:
   (and while the operator is still starting, so a slow start is never killed);
 * ``/readyz`` (readiness): 200 once kopf has run its startup handlers and begun watching.
 
-The recording functions are plain calls with no I/O, safe from any thread; the
-reconcile wrapper, the Kubernetes client layer and the autoscaler call them.
+The metrics are registered when the operator starts (`start`, in operator_main.run()), never at import:
+`vllm-operator plan` and the pure core register nothing. The recording functions are plain calls with no I/O,
+safe from any thread; the reconcile wrapper, the Kubernetes client layer and the autoscaler call them.
 """
 
 from __future__ import annotations
@@ -25,51 +26,82 @@ from prometheus_client import generate_latest
 from . import __version__, api
 
 NAMESPACE = "vllm_operator"
-
-RECONCILES = Counter(
-    "reconciles", "Reconciles of a VLLMServer by result: applied (something written), unchanged, "
-    "invalid (SpecValid=False), gone (deleted), error (raised and retried).", ["result"], namespace=NAMESPACE)
-RECONCILE_DURATION = Histogram(
-    "reconcile_duration_seconds", "Wall time of one reconcile, API calls included.", namespace=NAMESPACE,
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
-RECONCILE_ERRORS = Counter(
-    "reconcile_errors", "Reconciles that raised, by cause (HTTP status of the failing API call, or the "
-    "exception's class).", ["cause"], namespace=NAMESPACE)
-API_WRITES = Counter(
-    "api_writes", "Writes to the Kubernetes API by resource (plural[/subresource]) and verb "
-    "(apply, patch, create, delete).", ["resource", "verb"], namespace=NAMESPACE)
-SCALING_DECISIONS = Counter(
-    "scaling_decisions", "Autoscaler decisions by VLLMServer and direction (up, down, hold).",
-    ["namespace", "name", "direction"], namespace=NAMESPACE)
-SERVER_READY = Gauge(
-    "server_ready", "1 while a VLLMServer's Ready condition is True, 0 while it is False, as the reconciler last "
-    "wrote it; the series goes with the server.", ["namespace", "name"], namespace=NAMESPACE)
-SERVER_REPLICAS = Gauge(
-    "server_replicas", "Replicas a VLLMServer's workload wants (status.replicas: the StatefulSet's spec.replicas, "
-    "or the nodes a DaemonSet runs on).", ["namespace", "name"], namespace=NAMESPACE)
-SERVER_READY_REPLICAS = Gauge(
-    "server_ready_replicas", "Replicas of a VLLMServer that are Ready (status.readyReplicas).",
-    ["namespace", "name"], namespace=NAMESPACE)
-AUTOSCALER_AT_MAX = Gauge(
-    "autoscaler_at_max_replicas", "1 while the autoscaler's last decision wanted more replicas than maxReplicas "
-    "(AutoscalingLimited=True, AtMaxReplicas), else 0; kept through a hold; only for autoscaling.mode Operator.",
-    ["namespace", "name"], namespace=NAMESPACE)
-KOPF_ADAPTATION = Gauge(
-    "kopf_adaptation", "1 while an adaptation of kopf (kopfext/) is in effect, 0 when its start-up self-test failed "
-    "and kopf's own behaviour is used instead (the log says why).", ["adaptation"], namespace=NAMESPACE)
-POD_SCRAPES = Counter(
-    "pod_scrapes", "GETs of a pod's /metrics by the operator (the autoscaler's reads, source Pods, and the KV "
-    "capacity reads), by result (ok, failed).", ["result"], namespace=NAMESPACE)
-POD_SCRAPE_BYTES = Counter(
-    "pod_scrape_bytes", "Bytes of the /metrics bodies the operator read from pods.", namespace=NAMESPACE)
-BUILD_INFO = Gauge("build_info", "The operator's version and the vLLM release its flags are checked against.",
-                   ["version", "vllm_version"], namespace=NAMESPACE)
-BUILD_INFO.labels(version=__version__, vllm_version=api.VLLM_VERSION).set(1)
-
 RESULTS = ("applied", "unchanged", "invalid", "gone", "error")
 DIRECTIONS = ("up", "down", "hold")
-for _result in RESULTS:  # a rate of 0 is a value, not an absent series (dashboards, `result="error"`)
-    RECONCILES.labels(result=_result)
+
+
+class Metrics:
+    """The operator's metrics, registered in `registry` when built: the operator builds them once, in
+    operator_main.run() (`start`), so importing this module registers nothing."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY):
+        self.registry = registry
+        ns, r = NAMESPACE, registry
+        self.reconciles = Counter(
+            "reconciles", "Reconciles of a VLLMServer by result: applied (something written), unchanged, "
+            "invalid (SpecValid=False), gone (deleted), error (raised and retried).", ["result"], namespace=ns,
+            registry=r)
+        self.reconcile_duration = Histogram(
+            "reconcile_duration_seconds", "Wall time of one reconcile, API calls included.", namespace=ns,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0), registry=r)
+        self.reconcile_errors = Counter(
+            "reconcile_errors", "Reconciles that raised, by cause (HTTP status of the failing API call, or the "
+            "exception's class).", ["cause"], namespace=ns, registry=r)
+        self.api_writes = Counter(
+            "api_writes", "Writes to the Kubernetes API by resource (plural[/subresource]) and verb "
+            "(apply, patch, create, delete).", ["resource", "verb"], namespace=ns, registry=r)
+        self.scaling_decisions = Counter(
+            "scaling_decisions", "Autoscaler decisions by VLLMServer and direction (up, down, hold).",
+            ["namespace", "name", "direction"], namespace=ns, registry=r)
+        self.server_ready = Gauge(
+            "server_ready", "1 while a VLLMServer's Ready condition is True, 0 while it is False, as the reconciler "
+            "last wrote it; the series goes with the server.", ["namespace", "name"], namespace=ns, registry=r)
+        self.server_replicas = Gauge(
+            "server_replicas", "Replicas a VLLMServer's workload wants (status.replicas: the StatefulSet's "
+            "spec.replicas, or the nodes a DaemonSet runs on).", ["namespace", "name"], namespace=ns, registry=r)
+        self.server_ready_replicas = Gauge(
+            "server_ready_replicas", "Replicas of a VLLMServer that are Ready (status.readyReplicas).",
+            ["namespace", "name"], namespace=ns, registry=r)
+        self.autoscaler_at_max = Gauge(
+            "autoscaler_at_max_replicas", "1 while the autoscaler's last decision wanted more replicas than "
+            "maxReplicas (AutoscalingLimited=True, AtMaxReplicas), else 0; kept through a hold; only for "
+            "autoscaling.mode Operator.", ["namespace", "name"], namespace=ns, registry=r)
+        self.kopf_adaptation = Gauge(
+            "kopf_adaptation", "1 while an adaptation of kopf (kopfext/) is in effect, 0 when its start-up self-test "
+            "failed and kopf's own behaviour is used instead (the log says why).", ["adaptation"], namespace=ns,
+            registry=r)
+        self.pod_scrapes = Counter(
+            "pod_scrapes", "GETs of a pod's /metrics by the operator (the autoscaler's reads, source Pods, and the "
+            "KV capacity reads), by result (ok, failed).", ["result"], namespace=ns, registry=r)
+        self.pod_scrape_bytes = Counter(
+            "pod_scrape_bytes", "Bytes of the /metrics bodies the operator read from pods.", namespace=ns,
+            registry=r)
+        self.build_info = Gauge(
+            "build_info", "The operator's version and the vLLM release its flags are checked against.",
+            ["version", "vllm_version"], namespace=ns, registry=r)
+        self.build_info.labels(version=__version__, vllm_version=api.VLLM_VERSION).set(1)
+        for result in RESULTS:  # a rate of 0 is a value, not an absent series (dashboards, `result="error"`)
+            self.reconciles.labels(result=result)
+
+
+_started: dict[int, Metrics] = {}
+_current: list[Metrics] = []
+
+
+def start(registry: CollectorRegistry = REGISTRY) -> Metrics:
+    """The operator's metrics in `registry`, registered there the first time; the recording functions below
+    record into them from then on."""
+    metrics = _started.get(id(registry))
+    if metrics is None:
+        metrics = _started[id(registry)] = Metrics(registry)
+    _current[:] = [metrics]
+    return metrics
+
+
+def _metrics() -> Metrics:
+    """Where the recording functions record: what `start` registered (in the default registry when a caller
+    records before the operator started, as a reconciler driven by a test does)."""
+    return _current[0] if _current else start()
 
 
 # --------------------------------------------------------------------------- recording
@@ -77,52 +109,56 @@ def record_reconcile(result: str, seconds: float) -> None:
     """One reconcile finished with `result` (one of RESULTS) after `seconds`."""
     if result not in RESULTS:
         raise ValueError(f"unknown reconcile result {result!r}; expected one of {RESULTS}")
-    RECONCILES.labels(result=result).inc()
-    RECONCILE_DURATION.observe(seconds)
+    m = _metrics()
+    m.reconciles.labels(result=result).inc()
+    m.reconcile_duration.observe(seconds)
 
 
 def record_reconcile_error(cause: str) -> None:
-    RECONCILE_ERRORS.labels(cause=cause).inc()
+    _metrics().reconcile_errors.labels(cause=cause).inc()
 
 
 def record_api_write(resource: str, verb: str) -> None:
-    API_WRITES.labels(resource=resource, verb=verb).inc()
+    _metrics().api_writes.labels(resource=resource, verb=verb).inc()
 
 
 def record_scaling_decision(namespace: str, name: str, direction: str) -> None:
     """The autoscaler decided to scale `direction` (up, down or hold) for one VLLMServer."""
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown scaling direction {direction!r}; expected one of {DIRECTIONS}")
-    SCALING_DECISIONS.labels(namespace=namespace, name=name, direction=direction).inc()
+    _metrics().scaling_decisions.labels(namespace=namespace, name=name, direction=direction).inc()
 
 
 def record_scrape(ok: bool, size: int) -> None:
     """One GET of a pod's /metrics ended: answered with `size` bytes, or failed."""
-    POD_SCRAPES.labels(result="ok" if ok else "failed").inc()
-    POD_SCRAPE_BYTES.inc(size)
+    m = _metrics()
+    m.pod_scrapes.labels(result="ok" if ok else "failed").inc()
+    m.pod_scrape_bytes.inc(size)
 
 
 def record_server(namespace: str, name: str, ready: bool, replicas: int, ready_replicas: int) -> None:
     """What the reconciler just wrote into one VLLMServer's status: Ready, replicas, readyReplicas."""
-    SERVER_READY.labels(namespace=namespace, name=name).set(1 if ready else 0)
-    SERVER_REPLICAS.labels(namespace=namespace, name=name).set(replicas)
-    SERVER_READY_REPLICAS.labels(namespace=namespace, name=name).set(ready_replicas)
+    m = _metrics()
+    m.server_ready.labels(namespace=namespace, name=name).set(1 if ready else 0)
+    m.server_replicas.labels(namespace=namespace, name=name).set(replicas)
+    m.server_ready_replicas.labels(namespace=namespace, name=name).set(ready_replicas)
 
 
 def forget_server(namespace: str, name: str) -> None:
     """The VLLMServer is gone: its series go too (a deleted server is not an unready one)."""
-    for gauge in (SERVER_READY, SERVER_REPLICAS, SERVER_READY_REPLICAS):
+    m = _metrics()
+    for gauge in (m.server_ready, m.server_replicas, m.server_ready_replicas):
         _remove(gauge, namespace, name)
 
 
 def record_at_max_replicas(namespace: str, name: str, at_max: bool) -> None:
     """The autoscaler's last decision for one VLLMServer was (or was not) cut to maxReplicas."""
-    AUTOSCALER_AT_MAX.labels(namespace=namespace, name=name).set(1 if at_max else 0)
+    _metrics().autoscaler_at_max.labels(namespace=namespace, name=name).set(1 if at_max else 0)
 
 
 def forget_autoscaler(namespace: str, name: str) -> None:
     """The server's autoscaler loop stopped (autoscaling off, handed to an HPA/KEDA, server deleted)."""
-    _remove(AUTOSCALER_AT_MAX, namespace, name)
+    _remove(_metrics().autoscaler_at_max, namespace, name)
 
 
 def _remove(gauge: Gauge, namespace: str, name: str) -> None:
@@ -133,7 +169,7 @@ def _remove(gauge: Gauge, namespace: str, name: str) -> None:
 
 
 def record_kopf_adaptation(name: str, applied: bool) -> None:
-    KOPF_ADAPTATION.labels(adaptation=name).set(1 if applied else 0)
+    _metrics().kopf_adaptation.labels(adaptation=name).set(1 if applied else 0)
 
 
 def api_write_labels(method: str, path: str, content_type: str = "") -> Optional[tuple[str, str]]:

@@ -21,7 +21,7 @@ import yaml
 
 from tests.harness.controlplane import wait_for
 from vllm_operator import api, builders, pipeline
-from vllm_operator.controller.kube import ApiError, Kube
+from vllm_operator.kube.client import ApiError, Kube
 from vllm_operator.controller.reconcile import up_to_date, with_hash
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -91,6 +91,6 @@ def operator(control_plane, crd_installed, tmp_path_factory):
 
 @pytest.fixture
 def kube(k8s):
-    from vllm_operator.controller.kube import Kube
+    from vllm_operator.kube.client import Kube
 
     return Kube(k8s)

@@ -16,8 +16,8 @@ import yaml
 
 from tests.harness.memory_world import NS, World
 from vllm_operator.autoscaler import actuator
-from vllm_operator.autoscaler.metrics import PodRef, Sample
-from vllm_operator.controller.kube import ApiError
+from vllm_operator.sources.vllm_metrics import PodRef, Sample
+from vllm_operator.kube.client import ApiError
 from vllm_operator.controller.reconcile import HASH_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -32,15 +32,16 @@ from typing import Any, Callable, Optional
 import kopf
 
 from .. import api, builders, pipeline, validation
-from ..controller import events, kvcapacity
+from ..kube import events
 from .. import telemetry as operator_metrics
 from ..informers.cache import resource_version
 from ..informers.reader import DirectReader, Reader, controlled_by
-from ..controller.kube import Kube
+from ..kube.client import Kube
 from ..urlpolicy import URLPolicy
 from ..conditions import Conditions
 from . import policy, schedule
-from .metrics import MetricsSource, PodRef, PodsSource, PrometheusSource, Sample
+from ..sources.vllm_metrics import (MetricsSource, Observations, PodRef, PodsSource, PrometheusSource, Sample,
+                                    unscrapable)
 from .ownership import CONDITIONS, FIELD_MANAGER, clear_status, has_status
 
 log = logging.getLogger("vllm_operator.autoscaler")
@@ -146,7 +147,7 @@ def classify_pods(pods: list[dict[str, Any]], now: float) -> PodGroups:
         if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
             continue
         if _is_ready(pod):
-            why = kvcapacity.unscrapable(pod)
+            why = unscrapable(pod)
             if why:
                 groups.ready_unscraped.append(f"{meta['name']} ({why})")
             else:
@@ -175,7 +176,7 @@ class Sources:
         self.default_prometheus_url = default_prometheus_url
         #: The prometheusURLs a spec may name (urlpolicy.py); None: any.
         self.urls = urls
-        self.pods = pods or PodsSource(only_wanted=not fixed_reads)
+        self.pods = pods or PodsSource(only_wanted=not fixed_reads, on_scrape=operator_metrics.record_scrape)
         #: Every read every intervalSeconds, as before the schedule (READS_ENV=fixed).
         self.fixed_reads = fixed_reads
         #: The fast reads' shared budget (schedule.py, rule 4).
@@ -183,7 +184,7 @@ class Sources:
         self._prometheus = prometheus
         #: The KV cache each pod's vLLM allocated: recorded from the ticks' pod scrapes, and scraped now and then
         #: in the same pool for the reconciler's status.kvCapacity when no tick scrapes the pod (kvcapacity.py).
-        self.kv_capacity = kvcapacity.Observations(submit=getattr(self.pods, "submit", None))
+        self.kv_capacity = Observations(submit=getattr(self.pods, "submit", None))
 
     def for_spec(self, spec: api.AutoscalingSpec) -> tuple[Optional[MetricsSource], str]:
         """The source a spec asks for, and a short description for reasons (or None and why not)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .. import api
-from ..controller.kube import Kube, path_for
+from ..kube.client import Kube, path_for
 
 #: The field manager of everything the autoscaler writes (replicas, status.autoscaling, its conditions).
 FIELD_MANAGER = "vllm-operator-autoscaler"

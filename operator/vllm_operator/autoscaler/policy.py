@@ -30,11 +30,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..api import AutoscalingSpec
-from .metrics import Sample
+from ..api import AUTOSCALING_TOLERANCE, AutoscalingSpec
+from ..sources.vllm_metrics import Sample
 
-#: The HPA's tolerance: no change while the ratio is within 10% of 1.
-TOLERANCE = 0.1
 #: Scale up by at most max(MIN_SCALE_UP_STEP replicas, SCALE_UP_PERCENT% of current) per decision.
 MIN_SCALE_UP_STEP = 4
 SCALE_UP_PERCENT = 100
@@ -138,7 +136,7 @@ def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, s
     ratio = avg / target
     measured = (f"{_num(avg)} waiting per ready replica ({_num(waiting)} over {ready} ready) "
                 f"vs target {_num(target)}")
-    within = abs(ratio - 1.0) <= TOLERANCE + 1e-9  # 2.2 / 2 is 1.1000000000000003
+    within = abs(ratio - 1.0) <= AUTOSCALING_TOLERANCE + 1e-9  # 2.2 / 2 is 1.1000000000000003
     if within:
         recommendation = current
     else:

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .metrics import Sample
+from ..sources.vllm_metrics import Sample
 
 #: How often a busy server's queue is read.
 BUSY_READ_SECONDS = 1.0

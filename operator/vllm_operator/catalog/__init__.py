@@ -1,52 +1,34 @@
-"""The catalog: facts about models and GPUs that the planner sizes vLLM with.
+"""The catalog: facts about models and GPUs that the planner sizes vLLM with. Pure.
 
 One job: answer "what is this model's architecture?" and "how much memory does this
-GPU have?" -- from built-in data (``models.yaml``, ``gpus.yaml``), a model's
-``config.json`` (a URL, a local directory, or the Hugging Face Hub with its safetensors
-metadata: ``hub.py``), and the ``spec.model.architecture`` overrides, in that order of
-precedence. Fields nobody gave are derived where the arithmetic is unambiguous and reported
-as estimated.
-
-Pure apart from :func:`fetch_config` and ``hub.lookup`` (which the caller can replace, and :class:`ConfigCache`
-can keep answers of) and :func:`read_config_file`, which only the offline CLI uses: in the
-operator a config.json comes over http(s) or not at all, since the operator's own files are
-none of a tenant's business. Nothing here touches the network at import time, and the YAML
+GPU have?" from built-in data (``models.yaml``, ``gpus.yaml``) and a model's parsed
+``config.json``. Fields nobody gave are derived where the arithmetic is unambiguous and
+reported as estimated. Where the facts come from (the Hub, a configURL, the spec's overrides,
+in order of precedence) is ``sources/model_facts.py``, the one step that does I/O. The YAML
 files are read once.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import difflib
 import functools
-import os
 import re
-import threading
-import time
-import urllib.parse
-from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable, Optional, Protocol, Union, cast
+from typing import Any, Optional, Protocol, cast
 
 import pydantic
 import yaml
 
-from .. import fetch as net
-from .. import hub
-from ..api import ModelArchitecture, ModelSpec
+from ..api import ModelArchitecture
 
 __all__ = [
     "GPUInfo",
     "GPUMatch",
     "ResolvedModel",
-    "ConfigCache",
     "UnknownModelError",
     "architecture_from_config",
     "estimate_parameter_count",
-    "fetch_config",
-    "hf_config_url",
     "gpu_families",
     "known_gpus",
     "known_models",
@@ -55,8 +37,6 @@ __all__ = [
     "mig_profiles",
     "near_gpu_names",
     "lookup_model",
-    "read_config_file",
-    "resolve_model",
 ]
 
 #: Architecture fields, snake_case, in ModelArchitecture order.
@@ -65,10 +45,6 @@ ARCH_FIELDS: tuple[str, ...] = tuple(ModelArchitecture.model_fields)
 CAMEL: dict[str, str] = {
     name: (field.alias or name) for name, field in ModelArchitecture.model_fields.items()
 }
-#: The largest config.json read. Real ones are under 100 KB (most under 10 KB; the long ones list
-#: id2label maps or quantization ignore lists), so 1 MiB is ten times that, and parsing 1 MiB of the
-#: worst JSON for memory (empty objects) peaks at tens of MB, where 16 MiB of it peaked at 454 MiB RSS.
-MAX_CONFIG_BYTES = 2**20
 
 
 # --------------------------------------------------------------------------- types
@@ -284,6 +260,11 @@ _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp
            "half": "float16", "float32": "float32", "fp32": "float32", "float": "float32"}
 
 
+def _out_of_range(err: pydantic.ValidationError) -> list[str]:
+    """Each field and its bound, not pydantic's text: that quotes the values, which may come from a tenant's URL."""
+    return [f"{CAMEL.get(str(e['loc'][0]), e['loc'][0])} ({e['msg'].lower()})" for e in err.errors()]
+
+
 def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
     """Read a Hugging Face config.json into a (partial) ModelArchitecture.
 
@@ -484,114 +465,6 @@ def checkpoint_quantization(config: dict[str, Any]) -> str:
     return _QUANT_METHODS.get(method.lower(), "other") if isinstance(method, str) else "other"
 
 
-def _out_of_range(err: pydantic.ValidationError) -> list[str]:
-    """Each field and its bound, not pydantic's text: that quotes the values, which may come from a tenant's URL."""
-    return [f"{CAMEL.get(str(e['loc'][0]), e['loc'][0])} ({e['msg'].lower()})" for e in err.errors()]
-
-
-def fetch_config(url: str, *, timeout: float = 5.0) -> dict[str, Any]:
-    """A config.json from an http(s) URL, within `timeout` seconds in all (ValueError with a category else).
-
-    Through vllm_operator.fetch: no redirect, a total deadline, MAX_CONFIG_BYTES, and errors that quote nothing
-    the server sent, since the URL is a tenant's (spec.model.configURL) and the operator's network is not."""
-    try:
-        body = net.get(url, seconds=timeout, max_bytes=MAX_CONFIG_BYTES, accept="application/json",
-                         use_proxy=True)
-    except net.FetchError as err:
-        raise ValueError(f"could not fetch config.json from {url}: {err}") from None
-    return _config_object(body, url)
-
-
-def read_config_file(path: str) -> dict[str, Any]:
-    """A config.json from a file or a directory holding one: for the offline CLI only (the operator never
-    reads its own files for a tenant)."""
-    path = path[len("file://"):] if path.startswith("file://") else path
-    if os.path.isdir(path):
-        path = os.path.join(path, "config.json")
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as err:
-        raise ValueError(f"could not read config.json at {path}: {err.strerror or err}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ValueError(f"config.json at {path}: {net.too_large(MAX_CONFIG_BYTES)}")
-    return _config_object(raw, path)
-
-
-def _config_object(raw: bytes, where: str) -> dict[str, Any]:
-    try:
-        data = net.load_json(raw)
-    except net.FetchError as err:
-        raise ValueError(f"config.json at {where}: {err}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"config.json at {where}: not a JSON object")
-    return data
-
-
-class ConfigCache:
-    """The architecture each config.json gave, per (URL, revision), so that a reconcile does not fetch it again.
-
-    Facts are kept `ttl` seconds. When a refetch fails, the last good facts stand in, with a note (a Hub
-    outage must not turn running servers invalid), and a failed URL is tried again after `retry` seconds,
-    not at every reconcile (one that answers slowly would cost a deadline each time). The `max_entries`
-    most recently used are kept: the URLs are the tenants' to choose."""
-
-    @dataclass(frozen=True)
-    class _Entry:
-        architecture: Any = None
-        fetched_at: float = 0.0
-        error: Optional[str] = None
-        failed_at: float = 0.0
-
-    def __init__(self, ttl: float = 600.0, retry: float = 60.0, max_entries: int = 1024,
-                 clock: Callable[[], float] = time.time):
-        self.ttl, self.retry, self.max_entries, self._clock = ttl, retry, max_entries, clock
-        self._entries: OrderedDict[tuple[str, Optional[str]], ConfigCache._Entry] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def facts(self, url: str, revision: Optional[str], load: Callable[[], Any]) -> tuple[Any, str]:
-        """What `load` gave (an architecture, or the Hub's facts) and, when it is the last good one standing in, a
-        note saying so. ValueError
-        when no fetch of this URL has succeeded (the same one again until the retry is due)."""
-        key, now = (url, revision), self._clock()
-        entry = self._get(key)
-        if entry.architecture is not None and now - entry.fetched_at < self.ttl:
-            return entry.architecture, ""
-        if entry.error is None or now - entry.failed_at >= self.retry:
-            try:
-                architecture = load()
-            except ValueError as err:
-                entry = self._put(key, dataclasses.replace(entry, error=str(err), failed_at=now))
-            else:
-                self._put(key, self._Entry(architecture, now))
-                return architecture, ""
-        if entry.architecture is None:
-            raise ValueError(entry.error)
-        fetched = dt.datetime.fromtimestamp(entry.fetched_at, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return entry.architecture, f"warning: {entry.error}; planned with the facts it gave at {fetched}"
-
-    def _get(self, key: tuple[str, Optional[str]]) -> "ConfigCache._Entry":
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-        return entry or self._Entry()
-
-    def _put(self, key: tuple[str, Optional[str]], entry: "ConfigCache._Entry") -> "ConfigCache._Entry":
-        with self._lock:
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-        return entry
-
-
-def hf_config_url(model_name: str, revision: Optional[str], endpoint: str) -> str:
-    """The URL of a model's config.json on a Hugging Face compatible endpoint."""
-    rev = urllib.parse.quote(revision or "main", safe="")
-    return f"{endpoint.rstrip('/')}/{model_name.strip('/')}/resolve/{rev}/config.json"
-
-
 # --------------------------------------------------------------------------- estimates
 def estimate_parameter_count(
     *,
@@ -624,220 +497,6 @@ def _estimate(fields: dict[str, Any]) -> int:
         )
     }
     return estimate_parameter_count(**known)
-
-
-# --------------------------------------------------------------------------- resolve
-def _given(arch: Optional[ModelArchitecture]) -> dict[str, Any]:
-    if arch is None:
-        return {}
-    return {k: getattr(arch, k) for k in ARCH_FIELDS if getattr(arch, k) is not None}
-
-
-def resolve_model(
-    model: ModelSpec,
-    *,
-    hf_endpoint: Optional[str] = None,
-    fetch: Callable[[str], dict[str, Any]] = fetch_config,
-    local_files: bool = False,
-    cache: Optional[ConfigCache] = None,
-    hub_lookup: Callable[..., hub.HubFacts] = hub.lookup,
-    hf_token: Union[str, bool, None] = False,
-) -> ResolvedModel:
-    """Combine catalog, config.json and spec into a complete architecture.
-
-    Precedence, lowest to highest: the catalog entry; the config.json (from
-    ``spec.model.configURL``, from the model directory when ``name`` is a local
-    directory and `local_files` allows it (the CLI), or from the Hub at ``hf_endpoint`` when the
-    model is not in the catalog, with the exact parameter count of its safetensors metadata
-    (`hub_lookup`, sending `hf_token`: hub.lookup's token); each field given under
-    ``spec.model.architecture``.
-    Then the derivable fields are filled and listed in ``estimated``. Raises
-    UnknownModelError when the result is still too incomplete to plan with, and
-    ValueError when an explicitly requested config.json cannot be read. `cache` keeps
-    fetched facts (ConfigCache) and may answer with older ones and a note.
-    """
-    fields: dict[str, Any] = {}
-    sources: list[str] = []  # lowest precedence first
-    fetch_problem = ""
-    notes: tuple[str, ...] = ()
-    stored_weight_bytes: Optional[int] = None
-
-    catalog = lookup_model(model.name)
-    if catalog is not None:
-        fields.update(_given(catalog))
-        sources.append(f"catalog ({_catalog_source(model.name)})")
-
-    config_location, explicit = _config_location(model, hf_endpoint, catalog is not None, local_files)
-    from_hub = config_location is not None and not explicit and hf_endpoint is not None
-    if config_location is not None:
-        try:
-            if from_hub:
-                assert hf_endpoint is not None
-                from_the_hub, note = _hub_architecture(model, hf_endpoint, hub_lookup, hf_token, cache)
-                from_config, stored_weight_bytes = from_the_hub.architecture, from_the_hub.stored_weight_bytes
-            else:
-                from_config, note = _config_architecture(config_location, model.revision, fetch, local_files, cache)
-        except ValueError as err:
-            if explicit:
-                raise
-            fetch_problem = str(err)
-        else:
-            fields.update(_given(from_config))
-            sources.append(f"Hub ({config_location}: config.json, safetensors metadata)" if from_hub
-                           else f"config.json ({config_location})")
-            notes = (note,) if note else ()
-
-    spec_fields = _given(model.architecture)
-    if spec_fields:
-        fields.update(spec_fields)
-        sources.append("spec")
-
-    estimated: list[str] = []
-    heads = fields.get("num_attention_heads")
-    if heads and not fields.get("num_kv_heads"):
-        fields["num_kv_heads"] = heads
-        estimated.append("num_kv_heads")
-    if heads and fields.get("hidden_size") and not fields.get("head_dim") and fields["hidden_size"] % heads == 0:
-        fields["head_dim"] = fields["hidden_size"] // heads
-        estimated.append("head_dim")
-    if heads and fields.get("head_dim") and not fields.get("hidden_size"):
-        fields["hidden_size"] = heads * fields["head_dim"]
-        estimated.append("hidden_size")
-
-    missing = [CAMEL[k] for k in ("num_layers", "num_attention_heads", "hidden_size", "max_position_embeddings")
-               if not fields.get(k)]
-    if heads and fields.get("hidden_size") and not fields.get("head_dim"):
-        missing.append(CAMEL["head_dim"])  # hidden_size is not a multiple of the head count
-    if not fields.get("vocab_size") and (fields.get("parameter_count") or fields.get("intermediate_size")):
-        missing.append(CAMEL["vocab_size"])
-    elif not fields.get("parameter_count") and not (fields.get("vocab_size") and fields.get("intermediate_size")):
-        absent = [CAMEL[k] for k in ("vocab_size", "intermediate_size") if not fields.get(k)]
-        missing.append(f"{' and '.join(absent)} (or {CAMEL['parameter_count']})")
-    if missing:
-        if "num_kv_heads" in estimated or not heads:
-            missing.append(f"{CAMEL['num_kv_heads']} (optional; defaults to {CAMEL['num_attention_heads']})")
-        raise UnknownModelError(model.name, missing, fetch_problem)
-
-    if from_hub and fields.get("parameter_count") and not (model.architecture and model.architecture.parameter_count):
-        notes = (*notes, _exact_count_note(fields))
-    if not fields.get("parameter_count"):
-        fields["parameter_count"] = _estimate(fields)
-        estimated.append("parameter_count")
-    elif not fields.get("intermediate_size"):
-        # Back-solve the MLP width from the parameter count (used for activation estimates only).
-        without_mlp = _estimate({**fields, "intermediate_size": 0})
-        per_unit = 3 * fields["hidden_size"] * fields["num_layers"] * (fields.get("num_experts") or 1)
-        width = (fields["parameter_count"] - without_mlp) // per_unit
-        if width < 1:
-            raise UnknownModelError(model.name, [CAMEL["intermediate_size"]],
-                                    "parameterCount is too small for the other shapes")
-        fields["intermediate_size"] = width
-        estimated.append("intermediate_size")
-    if not fields.get("torch_dtype"):
-        fields["torch_dtype"] = "bfloat16"
-        estimated.append("torch_dtype")
-
-    if not sources:
-        source = "spec"
-    elif sources[-1] == "spec" and len(sources) > 1:
-        source = "spec over " + " over ".join(reversed(sources[:-1]))
-    else:
-        source = " over ".join(reversed(sources))
-    try:
-        architecture = ModelArchitecture.model_validate(fields)
-    except pydantic.ValidationError as err:  # an estimate beyond the API's bounds: the spec has to give it
-        raise UnknownModelError(model.name, _out_of_range(err), "estimated beyond the API's bounds") from None
-    if model.architecture and model.architecture.parameter_count:
-        stored_weight_bytes = None  # the spec's count is what the spec wants sized
-    return ResolvedModel(architecture=architecture, source=source, estimated=tuple(estimated), notes=notes,
-                         stored_weight_bytes=stored_weight_bytes)
-
-
-def _config_location(model: ModelSpec, hf_endpoint: Optional[str], in_catalog: bool,
-                     local_files: bool) -> tuple[Optional[str], bool]:
-    """Where the model's config.json is, if anywhere, and whether the spec named it (a failure is then the
-    spec's to fix; a Hugging Face endpoint's is only a detail of an incomplete architecture)."""
-    if model.config_url:
-        return model.config_url, True
-    if local_files and os.path.isdir(model.name):
-        return model.name, True
-    if hf_endpoint and not in_catalog:
-        return f"{hf_endpoint.rstrip('/')}/{model.name.strip('/')}", False
-    return None, True
-
-
-#: safetensors dtypes the Hub counts -> the config.json dtype they are (for a config.json without torch_dtype).
-_SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-
-
-@dataclass(frozen=True)
-class _HubArchitecture:
-    architecture: ModelArchitecture
-    stored_weight_bytes: Optional[int]
-
-
-def _hub_architecture(model: ModelSpec, endpoint: str, lookup: Callable[..., hub.HubFacts],
-                      token: Union[str, bool, None], cache: Optional[ConfigCache]) -> tuple[_HubArchitecture, str]:
-    """The architecture the Hub gives (config.json and the safetensors metadata), and a note when older facts stand
-    in for it. The Hub's parameter count is the checkpoint's exact one when its weights are stored unpacked (16 or
-    32 bits, fp8): a 4-bit checkpoint's count is of packed elements (an AWQ int32 holds eight weights), so there
-    the shapes' estimate stays."""
-
-    def load() -> _HubArchitecture:
-        try:
-            facts = lookup(model.name, model.revision, endpoint=endpoint, token=token)
-        except hub.HubError as err:
-            raise ValueError(f"the Hub at {endpoint}: {err}") from None
-        architecture = _facts(facts.config, f"{endpoint}/{model.name}")
-        update: dict[str, Any] = {}
-        if facts.total and architecture.quantization in ("none", "fp8"):
-            update["parameter_count"] = facts.total
-        if architecture.torch_dtype is None and facts.parameters:
-            dominant = max(facts.parameters, key=facts.parameters.__getitem__)
-            update["torch_dtype"] = _SAFETENSORS_DTYPES.get(dominant)
-        try:
-            return _HubArchitecture(ModelArchitecture.model_validate({**_given(architecture), **_given_values(update)}),
-                                    facts.stored_bytes)
-        except pydantic.ValidationError as err:
-            raise ValueError(f"the Hub at {endpoint}: out of range: {', '.join(_out_of_range(err))}") from None
-
-    key = f"hub:{endpoint.rstrip('/')}/{model.name}"
-    return cache.facts(key, model.revision, load) if cache is not None else (load(), "")
-
-
-def _given_values(update: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in update.items() if v is not None}
-
-
-def _exact_count_note(fields: dict[str, Any]) -> str:
-    """The Hub's exact count beside what the shapes give: the planner sized the weights with the exact one."""
-    exact = fields["parameter_count"]
-    shapes = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
-              "vocab_size")
-    if not all(fields.get(k) for k in shapes):
-        return f"weights sized with the Hub's exact parameter count {exact:,} (safetensors metadata)"
-    derived = _estimate(fields)
-    return (f"weights sized with the Hub's exact parameter count {exact:,} (safetensors metadata); config.json's "
-            f"shapes give {derived:,} ({(derived - exact) / exact:+.2%})")
-
-
-def _config_architecture(location: str, revision: Optional[str], fetch: Callable[[str], dict[str, Any]],
-                         local_files: bool, cache: Optional[ConfigCache]) -> tuple[ModelArchitecture, str]:
-    """The architecture a config.json gives, and a note when older facts stand in for it."""
-    if local_files and urllib.parse.urlsplit(location).scheme.lower() not in ("http", "https"):
-        return _facts(read_config_file(location), location), ""
-
-    def load() -> ModelArchitecture:
-        return _facts(fetch(location), location)
-
-    return cache.facts(location, revision, load) if cache is not None else (load(), "")
-
-
-def _facts(config: dict[str, Any], location: str) -> ModelArchitecture:
-    try:
-        return architecture_from_config(config)
-    except ValueError as err:
-        raise ValueError(f"config.json at {location}: {err}") from None
 
 
 # --------------------------------------------------------------------------- GPUs

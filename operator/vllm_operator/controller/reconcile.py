@@ -20,12 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import api, builders, catalog, pipeline, planner, podsecurity
-from . import apierrors, events, failures, kvcapacity, replan
+from .. import api, builders, pipeline, planner, podsecurity
+from . import failures, kvcapacity, replan
+from ..kube import apierrors, events
+from ..sources import model_facts, vllm_metrics
 from ..autoscaler import ownership
 from ..informers.reader import DirectReader, Reader, controlled_by
 from ..conditions import EXTRA_ARGS_UNCHECKED, Conditions, condition, extra_args_unchecked
-from .kube import ApiError, Kube
+from ..kube.client import ApiError, Kube
 from ..urlpolicy import URLPolicy
 
 log = logging.getLogger("vllm_operator.controller.reconcile")
@@ -233,8 +235,8 @@ class Reconciler:
     prometheus_url: Optional[str] = None
     clock: Callable[[], str] = utcnow
     fetch_config: Optional[Callable[..., dict]] = None
-    #: config.json facts fetched for servers, kept between reconciles (catalog.ConfigCache).
-    configs: catalog.ConfigCache = field(default_factory=catalog.ConfigCache)
+    #: config.json facts fetched for servers, kept between reconciles (model_facts.ConfigCache).
+    configs: model_facts.ConfigCache = field(default_factory=model_facts.ConfigCache)
     #: The URLs a spec may point the operator at (urlpolicy.py); None: any (tests that build a Reconciler).
     urls: Optional[URLPolicy] = None
     #: What reconciles read the server, its children and pods through (informers/reader.py): the operator's
@@ -248,7 +250,7 @@ class Reconciler:
     replan_budget: replan.Budget = field(default_factory=replan.Budget)
     #: The KV cache capacity vLLM allocated on the ready pods (kvcapacity.py), for status.kvCapacity; None: not
     #: reported.
-    kv_capacity: Optional[kvcapacity.Observations] = None
+    kv_capacity: Optional[vllm_metrics.Observations] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
     #: (namespace, server) -> the apply the API server last refused, held back until its slow retry is due.
@@ -437,7 +439,7 @@ class Reconciler:
             return None
         assert run.plan is not None
         plan, previous, result = run.plan, run.status.get("kvCapacity"), run.result
-        refs = kvcapacity.ready_pods(pods)
+        refs = vllm_metrics.ready_pods(pods)
         kv = kvcapacity.status(plan.kv_cache_tokens, self.kv_capacity.measure(refs), len(refs), previous)
         if kvcapacity.below_plan(kv) and not kvcapacity.below_plan(previous):
             assert kv is not None

@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 import kopf
 
 from .. import api, builders
-from ..controller.kube import PLURALS, ApiError, Kube, path_for
+from ..kube.client import PLURALS, ApiError, Kube, path_for
 from . import cache
 from .reader import Kind
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from .. import api, builders
-from ..controller.kube import ApiError
+from ..kube.client import ApiError
 
 #: (apiVersion, kind): a kind of child, as the reconciler names them (Reconciler.managed_kinds).
 Kind = tuple[str, str]

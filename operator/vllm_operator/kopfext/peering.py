@@ -19,7 +19,7 @@ import random
 import time
 from typing import Optional, Sequence
 
-from ..controller.kube import ApiError, Kube
+from ..kube.client import ApiError, Kube
 
 log = logging.getLogger("vllm_operator.kopfext.peering")
 

@@ -1,4 +1,6 @@
-"""Read vLLM's queue gauges for one server's ready pods, from the pods themselves or from Prometheus.
+"""Read vLLM's metrics: the queue gauges of one server's ready pods, from the pods themselves or from
+Prometheus (the autoscaler's sources), and the KV cache capacity each pod's vLLM allocated (`Observations`,
+for the reconciler's status.kvCapacity).
 
 Both sources answer one `Sample` per pod asked about, in the same order. A pod whose
 numbers could not be read comes back with ``ok=False`` and the reason in ``error``: the
@@ -9,19 +11,23 @@ with anything the pod or Prometheus answered.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import threading
 import time
 import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .. import fetch
-from .. import telemetry
+from . import fetch
+from .. import builders
 from ..api import VLLM_PORT
+
+log = logging.getLogger("vllm_operator.controller.kvcapacity")
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
@@ -186,8 +192,11 @@ class PodsSource:
     Pod IPs are reached directly, whatever HTTP(S)_PROXY the operator's pod has.
     """
 
-    def __init__(self, timeout: float = 1.0, max_workers: int = 16, only_wanted: bool = True):
+    def __init__(self, timeout: float = 1.0, max_workers: int = 16, only_wanted: bool = True,
+                 on_scrape: Optional[Callable[[bool, int], None]] = None):
         self.timeout = timeout
+        #: Called after each GET with (answered, bytes read): the operator counts its scrapes (telemetry).
+        self.on_scrape = on_scrape or _not_counted
         #: Ask for the five families only (ONLY_WANTED_QUERY); False: the whole /metrics (the bench's baseline).
         self.only_wanted = only_wanted
         #: Pods whose /metrics/ answered without vLLM's gauges (another server, another vLLM): read whole.
@@ -227,13 +236,17 @@ class PodsSource:
         try:
             body = fetch.get(url, seconds=self.timeout, max_bytes=MAX_METRICS_BYTES, accept="text/plain")
         except fetch.FetchError as e:
-            telemetry.record_scrape(ok=False, size=0)
+            self.on_scrape(False, 0)
             return Sample.failed(pod.name, f"GET {shown}: {e}")
-        telemetry.record_scrape(ok=True, size=len(body))
+        self.on_scrape(True, len(body))
         return parse_vllm_metrics(pod.name, body.decode("utf-8", "replace"), time.time())
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _not_counted(ok: bool, size: int) -> None:
+    pass
 
 
 # --------------------------------------------------------------------------- prometheus
@@ -338,3 +351,130 @@ def _series(item: Any) -> Optional[tuple[str, str, float]]:
         return pod, q, float(value[1])
     except ValueError:
         return None
+
+
+# --------------------------------------------------------------------------- KV capacity reads
+# vllm:cache_config_info's num_gpu_blocks x block_size is fixed when a server starts, so it is read rarely:
+# the autoscaler (source: Pods) scrapes every ready pod each tick anyway and records what it saw
+# (`Observations.record`), at no extra cost; otherwise the reconciler asks (`Observations.measure`) and a pod
+# with no reading younger than refresh_seconds (5 minutes) gets one scrape in the autoscaler's bounded scrape
+# pool, in the background; the reconcile never waits for it, its result is reported by the next reconcile (the
+# periodic resync: a minute by default). Only numbers are kept: no response bytes reach status or events.
+#: A pod's reading is trusted this long (vLLM allocates its KV cache once, at start-up).
+REFRESH_SECONDS = 300.0
+#: Readings of pods not asked about for this long are forgotten (the pod is gone).
+FORGET_SECONDS = 3 * REFRESH_SECONDS
+
+
+@dataclass
+class Reading:
+    ip: str
+    tokens: Optional[int]
+    """None: the scrape failed or the pod does not export vllm:cache_config_info."""
+    at: float
+
+
+def unscrapable(pod: dict[str, Any]) -> Optional[str]:
+    """Why the operator will not GET this pod's /metrics, or None. Only pod IPs of pods on the pod network are
+    scraped: a pod on the node's network has the node's IP, where whatever listens on the port is the node's,
+    not the pod's (a tenant able to create pods could point the operator at a node's local services)."""
+    if (pod.get("spec") or {}).get("hostNetwork"):
+        return "host network: the operator scrapes pod IPs only"
+    if not (pod.get("status") or {}).get("podIP"):
+        return "no IP yet"
+    return None
+
+
+def ready_pods(pods: Sequence[dict[str, Any]]) -> list[PodRef]:
+    """The pods that serve (Ready, with an IP on the pod network, not terminating), where to scrape them."""
+    out = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp") or unscrapable(pod):
+            continue
+        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
+            continue
+        port = builders.PORT
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            for p in c.get("ports") or []:
+                if p.get("name") == builders.PORT_NAME and p.get("containerPort"):
+                    port = int(p["containerPort"])
+        out.append(PodRef(meta["name"], meta.get("namespace", ""), status["podIP"], port))
+    return sorted(out, key=lambda r: r.name)
+
+
+class Observations:
+    """What each pod's vLLM allocated, shared by the autoscaler (which records) and the reconciler (which asks)."""
+
+    def __init__(self, submit: Optional[Callable[[PodRef], Any]] = None, clock: Callable[[], float] = time.monotonic,
+                 refresh_seconds: float = REFRESH_SECONDS):
+        #: Starts one scrape in the background and returns a Future of its Sample (PodsSource.submit); None: the
+        #: reconciler never scrapes (readings come from the autoscaler only).
+        self.submit = submit
+        self.clock = clock
+        self.refresh_seconds = refresh_seconds
+        self._readings: dict[tuple[str, str], Reading] = {}
+        self._asked: dict[tuple[str, str], float] = {}
+        self._pending: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self._last_forget = clock()
+
+    def record(self, refs: Sequence[PodRef], samples: Sequence[Sample]) -> None:
+        """Readings from a scrape someone else made (the autoscaler's tick); failed samples are not readings."""
+        now = self.clock()
+        with self._lock:
+            for ref, sample in zip(refs, samples):
+                if sample.ok and sample.kv_capacity_tokens is not None:
+                    self._readings[(ref.namespace, ref.name)] = Reading(ref.ip, sample.kv_capacity_tokens, now)
+
+    def measure(self, refs: Sequence[PodRef]) -> dict[str, int]:
+        """The known capacity of each of these pods (pod name -> tokens); scrapes, in the background, those
+        whose reading is missing, older than refresh_seconds or from another IP (a new pod)."""
+        now = self.clock()
+        found: dict[str, int] = {}
+        due: list[PodRef] = []
+        with self._lock:
+            for ref in refs:
+                key = (ref.namespace, ref.name)
+                self._asked[key] = now
+                reading = self._readings.get(key)
+                fresh = reading is not None and reading.ip == ref.ip and now - reading.at < self.refresh_seconds
+                if reading is not None and reading.ip == ref.ip and reading.tokens is not None:
+                    found[ref.name] = reading.tokens
+                if not fresh and key not in self._pending and self.submit is not None:
+                    self._pending.add(key)
+                    due.append(ref)
+            self._forget(now)
+        for ref in due:
+            assert self.submit is not None  # nothing is due without it
+            try:
+                future = self.submit(ref)
+            except RuntimeError as e:  # the pool is shut down (the operator stops)
+                log.debug("no KV capacity scrape of %s: %s", ref.name, e)
+                with self._lock:
+                    self._pending.discard((ref.namespace, ref.name))
+                continue
+            future.add_done_callback(lambda f, ref=ref: self._done(ref, f))
+        return found
+
+    def _done(self, ref: PodRef, future: Any) -> None:
+        key = (ref.namespace, ref.name)
+        try:
+            sample = future.result()
+            tokens = sample.kv_capacity_tokens if sample.ok else None
+        except Exception:  # noqa: BLE001 - a failed scrape is no reading; retried after refresh_seconds
+            tokens = None
+        with self._lock:
+            self._pending.discard(key)
+            old = self._readings.get(key)
+            if tokens is None and old is not None and old.ip == ref.ip:
+                tokens = old.tokens  # a pod that answered before keeps its number through a failed scrape
+            self._readings[key] = Reading(ref.ip, tokens, self.clock())
+
+    def _forget(self, now: float) -> None:
+        if now - self._last_forget < 60:
+            return
+        self._last_forget = now
+        for key in [k for k, t in self._asked.items() if now - t > FORGET_SECONDS]:
+            self._asked.pop(key, None)
+            self._readings.pop(key, None)

@@ -17,7 +17,7 @@ no such revision); every request it makes goes through one httpx2 client (hubcli
   LFS files included: config.json and the API answer need none), a relative one on the same host (a renamed repo)
   is followed. The token goes only to the endpoint.
 
-No retries inside one lookup: the caller's cache (catalog.ConfigCache) keeps the last good facts and tries again
+No retries inside one lookup: the caller's cache (model_facts.ConfigCache) keeps the last good facts and tries again
 after a minute, which bounds the Hub's load from many servers better than a retry per reconcile would.
 """
 
@@ -40,7 +40,7 @@ _TRUE = ("1", "on", "yes", "true")
 #: Seconds one lookup (the API answer and config.json together) may take.
 DEFAULT_SECONDS = 10.0
 #: The largest answer read. The model API's answer with expand=safetensors,sha is under 1 KB; config.json is under
-#: 100 KB (catalog.MAX_CONFIG_BYTES is the same bound).
+#: 100 KB (model_facts.MAX_CONFIG_BYTES is the same bound).
 MAX_ANSWER_BYTES = 2**20
 #: What a gated model without a token that opens it is told (a fix, not the Hub's words).
 GATED = ("the model is gated on the Hub and the operator has no token that opens it: give the operator one "

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import api
-from .kube import ApiError, Kube
+from .client import ApiError, Kube
 
-log = logging.getLogger("vllm_operator.controller.events")
+log = logging.getLogger("vllm_operator.kube.events")
 
 
 def post_event(kube: Kube, body: dict[str, Any], type_: str, reason: str, message: str, *, component: str,
