@@ -2,7 +2,7 @@
 # (no compilers, no vLLM, no torch), a non-root user, compatible with a read-only root
 # filesystem (the chart mounts an emptyDir at /tmp, the only path it writes).
 #   docker build -t vllm-operator:0.1.0 .
-# tests/test_packaging.py checks what can be checked without a Docker engine: the wheel's
+# tests/artefacts/test_packaging.py checks what can be checked without a Docker engine: the wheel's
 # Requires-Dist equals pyproject's dependencies, the user is non-root, the entrypoint, both
 # stages on the same base pinned by digest (a tag moves; a digest is the bytes that were reviewed).
 # To move the base: `docker buildx imagetools inspect python:3.11-slim` prints the index digest.

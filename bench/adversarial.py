@@ -3,7 +3,7 @@
     python bench/adversarial.py             # about 1-2 minutes on 2 cores
     python bench/adversarial.py --full      # adds 400 KB credential-check inputs: the old one takes minutes
 
-Prints figures; it is not a test (tests/test_tenant_safety.py and tests/test_security.py assert the behaviour).
+Prints figures; it is not a test (tests/unit/test_tenant_safety.py and tests/unit/test_security.py assert the behaviour).
 "Old" is main at ac6cb69, its functions copied below as they were: the credential expression, parse_quantity,
 the config.json read (16 MiB cap, json.loads), the /metrics parse (prometheus_client on the whole body) and the urllib fetch.
 Peak memory is measured in a child process per case (ru_maxrss after the input is built, then after the parse).
@@ -26,11 +26,11 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT)]
 
-from tests.harness.hostile_http import HostileServer, Reply, redirect_to, secret_page  # noqa: E402
+from e2e.testbed.hostile_http import HostileServer, Reply, redirect_to, secret_page  # noqa: E402
 from vllm_operator import api, validation  # noqa: E402
 from vllm_operator.sources import fetch, model_facts  # noqa: E402
 from vllm_operator.sources import vllm_metrics as metrics  # noqa: E402
-from tests.test_autoscaler_metrics import VLLM_METRICS  # noqa: E402 - vLLM 0.32's /metrics shape
+from e2e.testbed.vllm_metrics_text import VLLM_METRICS  # noqa: E402 - vLLM 0.32's /metrics shape
 
 # --------------------------------------------------------------------------- the old code, as it was
 OLD_CREDENTIAL_VALUE = re.compile(

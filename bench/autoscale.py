@@ -54,13 +54,13 @@ import yaml  # noqa: E402
 from kubernetes import client  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tests.harness import vllm_env  # noqa: E402
-from tests.harness.controlplane import ControlPlane, wait_for  # noqa: E402
-from tests.harness.fakekubelet import FakeKubelet  # noqa: E402
-from tests.harness.loadgen import LoadGenerator  # noqa: E402
-from tests.harness.operator_process import OperatorProcess  # noqa: E402
-from tests.harness.procs import free_port  # noqa: E402
-from tests.harness.prometheus import PrometheusServer  # noqa: E402
+from e2e.testbed import vllm_env  # noqa: E402
+from e2e.testbed.controlplane import ControlPlane, wait_for  # noqa: E402
+from e2e.testbed.fakekubelet import FakeKubelet  # noqa: E402
+from e2e.testbed.loadgen import LoadGenerator  # noqa: E402
+from e2e.testbed.operator_process import OperatorProcess  # noqa: E402
+from e2e.testbed.procs import free_port  # noqa: E402
+from e2e.testbed.prometheus import PrometheusServer  # noqa: E402
 from vllm_operator.api import AutoscalingSpec  # noqa: E402
 from vllm_operator.autoscaler import policy, schedule  # noqa: E402
 from vllm_operator.sources.vllm_metrics import Sample, parse_vllm_metrics  # noqa: E402

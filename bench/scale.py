@@ -4,7 +4,7 @@
     python bench/scale.py --n 200    # a quick check
 
 Prints figures; it is not a test. Two phases, each on its own fresh control plane
-(etcd + kube-apiserver + kube-controller-manager, tests/harness/controlplane.py), so neither
+(etcd + kube-apiserver + kube-controller-manager, e2e/testbed/controlplane.py), so neither
 inherits the other's objects:
 
 floor     `vllm-operator render` of the N servers (the same StatefulSets/DaemonSets,
@@ -51,8 +51,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
-from tests.harness.controlplane import ControlPlane, wait_for  # noqa: E402
-from tests.harness.operator_process import OperatorProcess  # noqa: E402
+from e2e.testbed.controlplane import ControlPlane, wait_for  # noqa: E402
+from e2e.testbed.operator_process import OperatorProcess  # noqa: E402
 from vllm_operator import api, builders, pipeline  # noqa: E402
 from vllm_operator.conditions import Conditions  # noqa: E402
 from vllm_operator.kopfext import toggles as kopf_toggles  # noqa: E402

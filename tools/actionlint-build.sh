@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build actionlint, the GitHub Actions workflow linter, from its Go module at the version pinned in
 # tools/testbed/actionlint/go.mod (a `tool` directive; go.sum holds every module's checksum). The release
-# workflow (.github/workflows/release.yaml) cannot run here; tests/test_release_workflow.py lints it with this.
+# workflow (.github/workflows/release.yaml) cannot run here; tests/artefacts/test_release_workflow.py lints it with this.
 #
 # Only the Go module proxy is needed, as for tools/kube-build.sh, whose conventions this follows (and
 # tools/kstatus-build.sh's GOTOOLCHAIN=local: no toolchain download).

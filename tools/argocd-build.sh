@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build argocd-health, Argo CD's own health-check runtime for the tests (tests/harness/lua_health.py): the Go program in
+# Build argocd-health, Argo CD's own health-check runtime for the tests (e2e/testbed/lua_health.py): the Go program in
 # tools/testbed/argocd, linked against the github.com/argoproj/argo-cd/v3 release its go.mod pins (util/lua and
 # gitops-engine's health package: gopher-lua with Argo CD's sandbox).
 #

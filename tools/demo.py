@@ -2,10 +2,10 @@
 
     make demo                    # or: python -m tools.demo [EXAMPLE.yaml] [--once]
 
-Starts etcd + kube-apiserver + kube-controller-manager (tests/harness/controlplane.py), installs
+Starts etcd + kube-apiserver + kube-controller-manager (e2e/testbed/controlplane.py), installs
 the CRD, starts `vllm-operator run`, applies the example and prints what the operator
 created and the vLLM args it derived. There is no GPU or kubelet here, so a fake kubelet
-(tests/harness/fakekubelet.py) binds the pods to a fake GPU node and marks them Running/Ready; no
+(e2e/testbed/fakekubelet.py) binds the pods to a fake GPU node and marks them Running/Ready; no
 vLLM process runs. Everything stays up until Ctrl-C (or exits at once with --once).
 """
 
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness.controlplane import ControlPlane, wait_for
-from tests.harness.convergence import install_crd
-from tests.harness.fakekubelet import FakeKubelet
-from tests.harness.operator_process import OperatorProcess
+from e2e.testbed.controlplane import ControlPlane, wait_for
+from e2e.testbed.convergence import install_crd
+from e2e.testbed.fakekubelet import FakeKubelet
+from e2e.testbed.operator_process import OperatorProcess
 from vllm_operator import catalog
 
 ROOT = Path(__file__).resolve().parents[1]

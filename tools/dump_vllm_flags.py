@@ -31,11 +31,11 @@ from pathlib import Path
 from vllm_operator import vllm_flags
 from vllm_operator.catalog import known_gpus
 
-from tests.harness.vllm_env import cache_root, ensure_vllm
+from e2e.testbed.vllm_env import cache_root, ensure_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_DIR = ROOT / "operator" / "vllm_operator" / vllm_flags.SNAPSHOT_DIR
-ARGCHECK = ROOT / "tests" / "harness" / "vllm_argcheck.py"
+ARGCHECK = ROOT / "e2e" / "testbed" / "vllm_argcheck.py"
 
 #: The releases with a snapshot, but the default (read from the venv), and the sha256 of the PyPI wheel each is
 #: read from (vllm-X-cp38-abi3-manylinux_2_28_x86_64.whl): the latest patch of each minor release from 0.28.

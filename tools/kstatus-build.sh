@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build kstatus as Flux, kpt and the cli-utils applier run it: tools/testbed/kstatus/main.go calls
 # sigs.k8s.io/cli-utils/pkg/kstatus/status.Compute at the release tools/testbed/kstatus/go.mod pins, for
-# tests/test_kstatus.py (through tests/harness/kstatus.py).
+# tests/artefacts/test_kstatus.py (through e2e/testbed/kstatus.py).
 #
 # Only the Go module proxy is needed. The machine's Go builds it (GOTOOLCHAIN=local: no toolchain download).
 #

@@ -40,7 +40,7 @@ fi
 
 if ! command -v prometheus >/dev/null 2>&1; then
   step "prometheus and promtool (Debian's; the autoscaler's Prometheus source, the alert and dashboard checks)"
-  .venv/bin/python -m tests.harness.prometheus ensure >/dev/null
+  .venv/bin/python -m e2e.testbed.prometheus ensure >/dev/null
 fi
 
 step "control plane binaries: kube-apiserver, kube-controller-manager, etcd from Go modules (cached)"

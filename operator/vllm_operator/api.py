@@ -895,7 +895,7 @@ class VLLMServerSpec(_Model):
 # --------------------------------------------------------------------------- status
 class _Status(_Model):
     """Base of the status models. The operator builds every status it writes from them and sends their `wire`
-    form, so a key they do not declare fails where the status is built (and in tests/test_status.py) instead of
+    form, so a key they do not declare fails where the status is built (and in tests/unit/test_status.py) instead of
     being dropped by the API server. What a cluster holds is read with `from_live`, which keeps the declared keys
     only: a status another version of the operator wrote may hold others."""
 

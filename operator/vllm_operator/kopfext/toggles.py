@@ -27,7 +27,7 @@ rest of kopf (peering's pause included) keeps kopf's class. It first runs `self_
 same small scenario on kopf's class and on this one, with kopf's own Toggle objects, must
 release the same waiters at the same steps, and the orchestrator must still build its set
 through that name. When it fails, kopf's class is kept, with a warning (the wait is then
-quadratic again, not wrong). Written against kopf 1.45.2. tests/test_toggles.py runs the
+quadratic again, not wrong). Written against kopf 1.45.2. tests/unit/test_toggles.py runs the
 contract scenarios on both classes; bench/toggles.py measures both side by side.
 """
 

@@ -120,7 +120,7 @@ class _Transport(httpx2.HTTPTransport):
         super().__init__(trust_env=False)
         ssl_context = httpx2.create_ssl_context(trust_env=False)
         # httpx2's HTTPTransport keeps its httpcore2 pool in _pool and has no network_backend argument; the pool
-        # classes take one. tests/test_hub.py's trickle and stall cases fail if this stops taking effect.
+        # classes take one. tests/unit/test_hub.py's trickle and stall cases fail if this stops taking effect.
         if proxy:
             self._pool = httpcore2.HTTPProxy(proxy_url=proxy, ssl_context=ssl_context, network_backend=_Backend())
         else:

@@ -1,0 +1,226 @@
+"""Graceful drain on the real vLLM 0.32 CPU server, as a stopping pod sees it.
+
+The kubelet runs the preStop hook (the operator's sleep, while the pod leaves the Services'
+endpoints), then sends SIGTERM to the container's main process, vLLM's API server, and
+SIGKILLs after terminationGracePeriodSeconds. These tests start vLLM with the
+``--shutdown-timeout`` the planner derives, SIGTERM the API server process itself (not the
+test's guard, which would forward it and SIGKILL after its own grace) while one long
+stream is in flight, and read the whole stream:
+
+* with the planner's timeout the stream completes with every token (completion_tokens ==
+  max_tokens, finish_reason ``length``) and the server exits by itself within the timeout;
+* with ``--shutdown-timeout 0`` (vLLM's default, pinned by engine.shutdownTimeoutSeconds: 0)
+  the same stream is cut: fewer tokens, no ``length`` finish.
+
+Marked ``vllm``: about 2 minutes (two server starts of ~35 s each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.testbed import vllm_env
+from e2e.testbed.vllm_env import free_port, start_vllm
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The tiny model's context is 2,048 positions; at ~300 tokens/s here a 1,900-token stream lasts
+#: several seconds, and much longer while the 2 cores are shared.
+MAX_MODEL_LEN = 2048
+MAX_TOKENS = 1900
+#: SIGTERM once this many tokens have arrived: the stream is well under way and far from done.
+SIGTERM_AFTER_TOKENS = 100
+
+
+def _planned_shutdown(shutdown_timeout_seconds=None) -> tuple[int, int]:
+    """--shutdown-timeout as the planner derives it for an example server (or as pinned), and how long the
+    kubelet waits after SIGTERM before its SIGKILL (terminationGracePeriodSeconds less the preStop sleep)."""
+    from vllm_operator import builders, pipeline
+    from vllm_operator.api import VLLMServer
+
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    if shutdown_timeout_seconds is not None:
+        doc["spec"].setdefault("engine", {})["shutdownTimeoutSeconds"] = shutdown_timeout_seconds
+    server = VLLMServer.model_validate(doc)
+    plan = pipeline.plan_server(server.metadata.name, "ns", server.spec)
+    assert not plan.problems, plan.problems
+    args = list(plan.args)
+    timeout = int(args[args.index("--shutdown-timeout") + 1])
+    pod = builders.pod_template(plan)["spec"]
+    # the kubelet's SIGKILL comes after preStop + drain + teardown: never mid-drain
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace >= plan.prestop_seconds + timeout
+    return timeout, grace - plan.prestop_seconds
+
+
+def _api_server_pid(proc: vllm_env.VLLMProcess, timeout: float = 10) -> int:
+    """The guard's one child: vLLM's API server, what a container's main process would be."""
+    deadline = time.monotonic() + timeout
+    path = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    while time.monotonic() < deadline:
+        children = path.read_text().split()
+        if children:
+            assert len(children) == 1, children
+            return int(children[0])
+        time.sleep(0.1)
+    raise AssertionError(f"the guard {proc.pid} has no child")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class Stream:
+    """One streaming /v1/completions read in a thread: tokens counted as they arrive."""
+
+    def __init__(self, base_url: str, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        """Tokens received, counted one by one from each chunk's logprobs (a chunk's text can be empty
+        or hold several tokens: the tiny model's random tokens are not all whole characters)."""
+        self.tokens_at_sigterm: int | None = None
+        self.finish_reason = None
+        self.usage = None
+        self.done_marker = False
+        self.error: str | None = None
+        self.first_token = threading.Event()
+        self.progress = threading.Condition()
+        self.finished = threading.Event()
+        self.ended_at: float | None = None
+        body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": max_tokens, "ignore_eos": True,
+                           "temperature": 0, "stream": True, "logprobs": 0, "stream_options": {"include_usage": True}}).encode()
+        self._req = urllib.request.Request(base_url + "/v1/completions", data=body,
+                                           headers={"Content-Type": "application/json"})
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with urllib.request.urlopen(self._req, timeout=120) as r:
+                for raw in r:
+                    line = raw.decode("utf-8", "replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        self.done_marker = True
+                        continue
+                    event = json.loads(data)
+                    if event.get("usage"):
+                        self.usage = event["usage"]
+                    for choice in event.get("choices") or []:
+                        got = len((choice.get("logprobs") or {}).get("tokens") or [])
+                        if got:
+                            with self.progress:
+                                self.tokens += got
+                                self.progress.notify_all()
+                        if choice.get("finish_reason"):
+                            self.finish_reason = choice["finish_reason"]
+        except Exception as e:  # noqa: BLE001 - a cut stream is what the control case expects
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.ended_at = time.monotonic()
+            self.finished.set()
+            with self.progress:
+                self.progress.notify_all()
+
+    def wait_tokens(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.progress:
+            while self.tokens < n and not self.finished.is_set():
+                left = deadline - time.monotonic()
+                assert left > 0, f"only {self.tokens} tokens after {timeout}s"
+                self.progress.wait(left)
+        assert self.tokens >= n, f"the stream ended after {self.tokens} tokens: {self.error}"
+
+    def summary(self) -> dict:
+        return {"tokens": self.tokens, "tokens_at_sigterm": self.tokens_at_sigterm, "usage": self.usage, "finish_reason": self.finish_reason,
+                "done_marker": self.done_marker, "error": self.error}
+
+
+def _sigterm_mid_stream(tmp_path: Path, shutdown_timeout: int, kill_after: int, host: str):
+    """Start vLLM with --shutdown-timeout, stream MAX_TOKENS, SIGTERM its API server mid-stream, and SIGKILL it
+    ``kill_after`` seconds later if it still runs (the kubelet at the end of terminationGracePeriodSeconds).
+
+    Returns (stream, seconds from SIGTERM to the API server's exit, killed: whether it took the SIGKILL,
+    seconds from SIGTERM to the stream's end, the server)."""
+    proc = start_vllm(host, free_port(host), max_num_seqs=4, max_model_len=MAX_MODEL_LEN,
+                      extra_args=["--shutdown-timeout", str(shutdown_timeout)],
+                      log_path=tmp_path / f"vllm-timeout-{shutdown_timeout}.log", stop_grace=5)
+    try:
+        proc.wait_healthy(300)
+        api_pid = _api_server_pid(proc)
+        stream = Stream(proc.base_url, MAX_TOKENS)
+        stream.wait_tokens(SIGTERM_AFTER_TOKENS, timeout=60)
+        sent_at = time.monotonic()
+        os.kill(api_pid, signal.SIGTERM)  # what the kubelet sends once preStop is over
+        stream.tokens_at_sigterm = stream.tokens
+        killed = False
+        while _pid_alive(api_pid):
+            if time.monotonic() - sent_at >= kill_after:
+                os.kill(api_pid, signal.SIGKILL)  # the grace period is over
+                killed = True
+            time.sleep(0.1)
+        exited_after = time.monotonic() - sent_at
+        assert stream.finished.wait(30), "the stream neither finished nor broke after the server exited"
+        stream_after = stream.ended_at - sent_at
+        print(f"--shutdown-timeout {shutdown_timeout}: stream ended {stream_after:.1f}s and the API server "
+              f"exited {exited_after:.1f}s after SIGTERM ({'SIGKILLed' if killed else 'by itself'}): "
+              f"{stream.summary()}")
+        return stream, exited_after, killed, stream_after, proc
+    finally:
+        proc.stop(grace=5)
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_sigterm_mid_stream_drains_every_token_with_the_planned_shutdown_timeout(tmp_path):
+    timeout, kill_after = _planned_shutdown()
+    assert timeout >= 30  # the planner's floor
+    stream, exited_after, killed, stream_after, proc = _sigterm_mid_stream(tmp_path, timeout, kill_after,
+                                                                           "127.0.0.42")
+    assert stream.tokens_at_sigterm < MAX_TOKENS // 2, stream.summary()  # SIGTERM came early in the stream
+    assert stream.error is None, stream.summary()
+    assert stream.finish_reason == "length", stream.summary()
+    assert stream.usage["completion_tokens"] == MAX_TOKENS, stream.summary()
+    assert stream.tokens == MAX_TOKENS, stream.summary()  # counted one by one: none lost
+    assert stream.done_marker, stream.summary()
+    # the stream finished within the drain, and vLLM then exited by itself before the kubelet's SIGKILL
+    assert stream_after < timeout, stream.summary()
+    assert not killed, f"vLLM still ran {kill_after}s after SIGTERM"
+    assert exited_after < kill_after
+    log = proc.log_path.read_text(errors="replace")
+    assert f"mode=drain timeout={timeout}s" in log
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_sigterm_mid_stream_cuts_the_request_without_a_shutdown_timeout(tmp_path):
+    """The control: vLLM's default (0, what engine.shutdownTimeoutSeconds: 0 pins) kills the engine at once.
+
+    Measured on vLLM 0.32, two ways, both cut: mostly the stream ends at once with ``data: [DONE]`` but no
+    finish_reason and no usage (a client that only waits for [DONE] takes a truncated completion for a whole
+    one); once, the engine was gone but the HTTP server kept the stream open ("Waiting for connections to
+    close") with no further token until the kubelet's SIGKILL."""
+    timeout, kill_after = _planned_shutdown(0)
+    assert timeout == 0
+    stream, exited_after, killed, stream_after, proc = _sigterm_mid_stream(tmp_path, timeout, kill_after,
+                                                                           "127.0.0.43")
+    assert stream.finish_reason != "length", stream.summary()
+    assert stream.tokens < MAX_TOKENS, stream.summary()
+    assert (stream.usage or {}).get("completion_tokens", 0) < MAX_TOKENS, stream.summary()
+    assert stream.tokens - stream.tokens_at_sigterm < 50, stream.summary()  # no drain: at most what was in flight
+    log = proc.log_path.read_text(errors="replace")
+    assert "mode=abort timeout=0s" in log

@@ -1,0 +1,97 @@
+"""The Helm chart installed into the local kube-apiserver by Helm v4's own code (helm-sdkpy), no operator running:
+upgrade changes the Deployment, uninstall removes it all, and what server-side apply needs of RBAC. The operator
+under the chart's account: e2e/test_helm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets as random
+import subprocess
+
+import pytest
+
+from e2e.testbed.controlplane import KUBECTL, wait_for
+from e2e.testbed.operator_install import (ROOT)
+from e2e.testbed.serviceaccount import service_account_kubeconfig
+from vllm_operator import packaging
+
+pytestmark = pytest.mark.apiserver
+
+helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="tools/run-tests.sh installs helm-sdkpy")
+
+CHART = str(ROOT / packaging.CHART)
+
+
+class Helm:
+    """helm install/upgrade/uninstall into one namespace of the test control plane."""
+
+    def __init__(self, cp, namespace: str):
+        self.config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=cp.kubeconfig)
+
+    def install(self, release: str, values: dict) -> dict:
+        return asyncio.run(helm_sdkpy.Install(self.config).run(release, CHART, values=values, wait=False, timeout=120))
+
+    def upgrade(self, release: str, values: dict) -> dict:
+        return asyncio.run(helm_sdkpy.Upgrade(self.config).run(release, CHART, values=values, wait=False, timeout=120))
+
+    def uninstall(self, release: str) -> dict:
+        return asyncio.run(helm_sdkpy.Uninstall(self.config).run(release, wait=True, timeout=120))
+
+
+def release_name() -> str:
+    return f"vo-{random.token_hex(3)}"  # cluster-scoped names (ClusterRole) must not collide between tests
+
+
+def test_ssa_of_a_missing_object_needs_create_not_only_patch(control_plane, namespace):
+    """Why the rules grant `create` next to `patch`: the first server-side apply creates."""
+    cp = control_plane
+    cp.kubectl("create", "serviceaccount", "probe", "-n", namespace)
+    cp.kubectl("create", "role", "patch-only", "--verb=patch", "--resource=configmaps", "-n", namespace)
+    cp.kubectl("create", "rolebinding", "patch-only", "--role=patch-only", f"--serviceaccount={namespace}:probe",
+               "-n", namespace)
+    kubeconfig = service_account_kubeconfig(cp, namespace, "probe", cp.workdir / f"probe-{namespace}.kubeconfig")
+    cm = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa", "namespace": namespace}})
+
+    def apply():
+        return subprocess.run([KUBECTL, f"--kubeconfig={kubeconfig}", "apply", "--server-side",
+                               "--field-manager=probe", "-f", "-"], input=cm, capture_output=True, text=True)
+
+    p = apply()
+    assert p.returncode != 0 and "forbidden" in p.stderr.lower()
+    cp.kubectl("create", "role", "create", "--verb=create", "--resource=configmaps", "-n", namespace)
+    cp.kubectl("create", "rolebinding", "create", "--role=create", f"--serviceaccount={namespace}:probe",
+               "-n", namespace)
+    wait_for(lambda: apply().returncode == 0, 30, "server-side apply with patch + create")
+
+
+def test_upgrade_changes_the_deployment_and_uninstall_removes_everything(control_plane, namespace):
+    cp, release = control_plane, release_name()
+    helm = Helm(cp, namespace)
+    helm.install(release, {})
+    name = f"{release}-vllm-operator"
+    before = json.loads(cp.kubectl("get", "deployment", name, "-n", namespace, "-o", "json").stdout)
+    assert "--log-format=json" in before["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    result = helm.upgrade(release, {"operator": {"logFormat": "text", "watchNamespaces": [namespace]},
+                                    "resources": {"limits": {"memory": "512Mi"}}})
+    assert result["version"] == 2 and result["info"]["status"] == "deployed"
+    after = json.loads(cp.kubectl("get", "deployment", name, "-n", namespace, "-o", "json").stdout)
+    container = after["spec"]["template"]["spec"]["containers"][0]
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    assert "--log-format=text" in container["args"] and f"--namespace={namespace}" in container["args"]
+    assert container["resources"]["limits"] == {"memory": "512Mi"}
+    # cluster-wide RBAC became a Role: the ClusterRole is gone, the Role is there
+    assert cp.kubectl("get", "clusterrole", name, check=False).returncode != 0
+    cp.kubectl("get", "role", name, "-n", namespace)
+
+    with pytest.raises(helm_sdkpy.HelmError):  # values.schema.json is enforced by Helm itself
+        helm.upgrade(release, {"operator": {"logFormat": "xml"}})
+
+    helm.uninstall(release)
+    for kind, ns in (("deployment", namespace), ("serviceaccount", namespace), ("service", namespace),
+                     ("role", namespace), ("rolebinding", namespace)):
+        wait_for(lambda: cp.kubectl("get", kind, name, "-n", ns, check=False).returncode != 0, 60, f"{kind} gone")
+    # Helm never deletes what crds/ installed: VLLMServers survive an uninstall
+    cp.kubectl("get", "crd", "vllmservers.vllm-operator.io")

@@ -1,0 +1,153 @@
+"""The operator's metrics and its /metrics, /healthz, /readyz server (pure: no cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from vllm_operator import telemetry as metrics
+from vllm_operator.operator_main import reconcile_result
+from vllm_operator.controller.reconcile import Result
+
+
+@pytest.mark.parametrize("method,path,content_type,expected", [
+    ("PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/x", "application/apply-patch+yaml", ("statefulsets", "apply")),
+    ("PATCH", "/apis/vllm-operator.io/v1alpha1/namespaces/ns/vllmservers/x/status", "application/apply-patch+yaml",
+     ("vllmservers/status", "apply")),
+    ("PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/x/scale", "application/merge-patch+json",
+     ("statefulsets/scale", "patch")),
+    ("POST", "/api/v1/namespaces/ns/events", "application/json", ("events", "create")),
+    ("DELETE", "/api/v1/namespaces/ns/services/x", "application/json", ("services", "delete")),
+    ("DELETE", "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/x", "", ("poddisruptionbudgets", "delete")),
+    ("POST", "/api/v1/namespaces", "application/json", ("namespaces", "create")),
+    ("PUT", "/api/v1/namespaces/ns", "application/json", ("namespaces", "update")),
+    ("GET", "/api/v1/namespaces/ns/pods", "", None),
+])
+def test_api_write_labels(method, path, content_type, expected):
+    assert metrics.api_write_labels(method, path, content_type) == expected
+
+
+def sample(name: str, labels: dict[str, str]) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_recording_functions_count():
+    before = sample("vllm_operator_scaling_decisions_total", {"namespace": "ns", "name": "a", "direction": "up"})
+    metrics.record_scaling_decision("ns", "a", "up")
+    assert sample("vllm_operator_scaling_decisions_total",
+                  {"namespace": "ns", "name": "a", "direction": "up"}) == before + 1
+    with pytest.raises(ValueError):
+        metrics.record_scaling_decision("ns", "a", "sideways")
+    with pytest.raises(ValueError):
+        metrics.record_reconcile("fine", 0.1)
+    count = sample("vllm_operator_reconcile_duration_seconds_count", {})
+    metrics.record_reconcile("unchanged", 0.02)
+    assert sample("vllm_operator_reconcile_duration_seconds_count", {}) == count + 1
+
+
+def test_every_reconcile_result_is_a_series_before_it_happens():
+    body = metrics.generate_latest(metrics.Metrics(CollectorRegistry()).registry).decode()
+    for result in metrics.RESULTS:
+        assert f'vllm_operator_reconciles_total{{result="{result}"}}' in body
+
+
+def test_server_gauges_follow_the_reconciles_and_go_with_the_server():
+    from e2e.testbed.memory_world import NS, World
+    from vllm_operator import operator_main
+
+    world = World({"replicas": 2})
+    op = operator_main.Operator(world.reconciler)
+    labels = {"namespace": NS, "name": "srv"}
+    log = logging.getLogger("test")
+
+    def gauges():
+        return tuple(metrics.REGISTRY.get_sample_value(f"vllm_operator_server_{g}", labels)
+                     for g in ("ready", "replicas", "ready_replicas"))
+
+    op.reconcile(NS, "srv", log)
+    assert gauges() == (0, 2, 0)
+    world.workload_reports(ready=1)
+    op.reconcile(NS, "srv", log)
+    assert gauges() == (0, 2, 1)  # PartiallyReady is not Ready
+    world.workload_reports(ready=2)
+    op.reconcile(NS, "srv", log)
+    assert gauges() == (1, 2, 2)
+    del world.kube.objects[("VLLMServer", NS, "srv")]
+    op.reconcile(NS, "srv", log)
+    assert gauges() == (None, None, None)
+
+
+def test_at_max_replicas_gauge_mirrors_the_autoscaling_limited_condition():
+    from vllm_operator.autoscaler import actuator, policy
+
+    at_max = policy.Decision(4, "r", 9.0, limited=True, code=policy.AT_LIMIT, limit_reason="at maxReplicas 4 (recommendation 9)")
+    at_min = policy.Decision(1, "r", 0.0, limited=True, code=policy.AT_LIMIT, limit_reason="at minReplicas 1 (recommendation 0)")
+    assert actuator.at_max_replicas(at_max) and not actuator.at_max_replicas(at_min)
+    assert not actuator.at_max_replicas(policy.Decision(2, "r", 1.0))
+    labels = {"namespace": "ns", "name": "m"}
+    metrics.record_at_max_replicas("ns", "m", True)
+    assert metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) == 1
+    metrics.record_at_max_replicas("ns", "m", False)
+    assert metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) == 0
+    metrics.forget_autoscaler("ns", "m")
+    metrics.forget_autoscaler("ns", "m")  # twice: no error
+    assert metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) is None
+
+
+def test_reconcile_result_labels():
+    assert reconcile_result(None) == "gone"
+    assert reconcile_result(Result(valid=False)) == "invalid"
+    assert reconcile_result(Result(applied=["Service/x"])) == "applied"
+    assert reconcile_result(Result(status_written=True)) == "applied"
+    assert reconcile_result(Result()) == "unchanged"
+
+
+def get(port: int, path: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+@pytest.fixture
+def loop_thread():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+
+
+def test_http_endpoints_follow_the_event_loop_and_the_ready_flag(loop_thread):
+    registry = CollectorRegistry()
+    Counter("probe_things", "a test counter", registry=registry).inc(3)
+    health = metrics.Health(loop_timeout=0.5)
+    server = metrics.serve(0, health, host="127.0.0.1", registry=registry)
+    port = server.server_address[1]
+    try:
+        assert get(port, "/healthz")[:1] == (200,)  # starting: never killed before kopf runs
+        assert get(port, "/readyz")[0] == 503
+        code, ctype, body = get(port, "/metrics")
+        assert code == 200 and ctype.startswith("text/plain") and "probe_things_total 3.0" in body
+        health.loop = loop_thread
+        health.ready.set()
+        assert get(port, "/healthz") == (200, "text/plain; charset=utf-8", "ok\n")
+        assert get(port, "/readyz")[0] == 200
+        # a blocked event loop (a sync call stuck in it) fails liveness
+        unblock = threading.Event()
+        loop_thread.call_soon_threadsafe(unblock.wait, 5)
+        code, _, body = get(port, "/healthz")
+        unblock.set()
+        assert code == 503 and "did not answer" in body
+        assert get(port, "/nope")[0] == 404
+    finally:
+        server.shutdown()
