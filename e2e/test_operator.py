@@ -23,7 +23,7 @@ from e2e.testbed.operator_install import wait_status
 from e2e.testbed.fakekubelet import FakeKubelet
 from vllm_operator import builders, pipeline
 from vllm_operator.api import VLLMServer
-from vllm_operator.controller.reconcile import is_subset
+from vllm_operator.controller.drift import is_subset
 
 pytestmark = pytest.mark.apiserver
 

@@ -22,7 +22,7 @@ import yaml
 from e2e.testbed.controlplane import wait_for
 from vllm_operator import api, builders, pipeline
 from vllm_operator.kube.client import ApiError, Kube
-from vllm_operator.controller.reconcile import up_to_date, with_hash
+from vllm_operator.controller.drift import up_to_date, with_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"

@@ -18,7 +18,7 @@ from e2e.testbed.memory_world import NS, World
 from vllm_operator.autoscaler import actuator
 from vllm_operator.sources.vllm_metrics import PodRef, Sample
 from vllm_operator.kube.client import ApiError
-from vllm_operator.controller.reconcile import HASH_ANNOTATION
+from vllm_operator.controller.drift import HASH_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml"))

@@ -11,7 +11,8 @@ import json
 import math
 from typing import Any, Optional
 
-from . import api, gpus, smp
+from . import api, smp
+from .catalog import gpus
 from .planner import GiB, Plan
 
 PORT = api.VLLM_PORT

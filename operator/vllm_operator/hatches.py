@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 
 from . import api, builders, podsecurity, smp
-from .planner import Plan, Problem
+from .planner import Plan
+from .validation import Problem
 
 PATCH_FIELD = "spec.podTemplatePatch"
 #: Pod fields the spec sets through fields of its own (or the operator derives): the patch may not change them.

@@ -3,7 +3,7 @@
     python -m vllm_operator.packaging            # write them (what `make generate` runs)
     python -m vllm_operator.packaging --check    # exit 1 and name the stale ones
 
-From the API models (api.py) and the chart's sources it writes:
+From the API models (api/) and the chart's sources it writes:
 
 * ``crds/vllmservers.vllm-operator.io.yaml`` and its copy in the chart's ``crds/``;
 * ``charts/vllm-operator/values.schema.json`` from ``values.yaml``: types from the

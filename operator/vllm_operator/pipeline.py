@@ -19,6 +19,7 @@ import yaml
 from . import api, catalog, chattemplate, hatches, planner
 from .sources import model_facts
 from .urlpolicy import URLPolicy
+from .validation import Problem
 
 
 @dataclass
@@ -220,7 +221,7 @@ def plan_server(
     if spec.engine.chat_template:
         why = chattemplate.problem(spec.engine.chat_template)  # in a child process, limited (chattemplate.py)
         if why:
-            plan.problems.append(planner.Problem("spec.engine.chatTemplate", why))
+            plan.problems.append(Problem("spec.engine.chatTemplate", why))
     if model is not None and base is not None and spec.model.quantization == "none":
         plan.notes.append(f"{spec.model.name} looks like a quantized checkpoint of {base}, but model.quantization is "
                           "none: its weights were sized as 16-bit; set model.quantization (e.g. awq_marlin) to size "

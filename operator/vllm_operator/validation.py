@@ -18,7 +18,7 @@ from typing import Any, Optional
 from . import api, vllm_flags
 from .api import VLLMServerSpec, parse_quantity
 from .catalog import Architecture
-from .gpus import GPUSelection
+from .catalog.gpus import GPUSelection
 from .urlpolicy import URLPolicy
 
 #: The values spec.model.quantization may take.

@@ -15,7 +15,7 @@ from e2e.testbed.convergence import wait_established
 from e2e.testbed.controlplane import wait_for
 from e2e.testbed.operator_install import ROOT
 from vllm_operator import packaging
-from vllm_operator.controller.reconcile import is_subset
+from vllm_operator.controller.drift import is_subset
 
 pytestmark = pytest.mark.apiserver
 

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_operator import api, builders, catalog, pipeline
-from vllm_operator.controller.reconcile import with_hash
+from vllm_operator.controller.drift import with_hash
 
 MODELS = catalog.known_models()
 GPUS = [g.product for g in catalog.known_gpus()]

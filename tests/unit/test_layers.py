@@ -1,6 +1,6 @@
 """The layers hold (docs/architecture.md): which part of the package may import which, checked on the source.
 
-    pure core   api, catalog, gpus, planner, validation, builders, the escape-hatch checks, ...:
+    pure core   api, catalog (models, config.json, GPUs), planner, validation, builders, the escape-hatch checks, ...:
                 data in, data out; no network, no threads, no metrics registry at import
     sources     model facts (the Hub, configURL), vLLM's metrics, the fetch rules; the path that resolves a
                 model and plans it
@@ -26,7 +26,7 @@ PACKAGE = ROOT / "operator" / "vllm_operator"
 #: Each part of the package (a top-level module or subpackage of vllm_operator; "" is the package itself) and its
 #: layer. A part missing here fails test_every_part_has_a_layer: a new module says where it belongs.
 LAYERS: dict[str, str] = {
-    "": "core", "api": "core", "catalog": "core", "gpus": "core", "planner": "core", "validation": "core",
+    "": "core", "api": "core", "catalog": "core", "planner": "core", "validation": "core",
     "builders": "core", "hatches": "core", "podsecurity": "core", "smp": "core", "conditions": "core",
     "urlpolicy": "core", "vllm_flags": "core", "crd": "core",
     "sources": "sources", "pipeline": "sources", "chattemplate": "sources",
@@ -50,7 +50,7 @@ NOT_IN_CORE = ("kubernetes", "kopf", "prometheus_client", "aiohttp", "huggingfac
                "urllib.request", "http", "socket", "ssl", "subprocess", "threading", "concurrent")
 #: What `import` of the pure core's entry points may load, run in a fresh interpreter.
 CORE_IMPORTS = ("vllm_operator.api", "vllm_operator.planner", "vllm_operator.builders", "vllm_operator.validation",
-                "vllm_operator.catalog", "vllm_operator.gpus", "vllm_operator.crd")
+                "vllm_operator.catalog", "vllm_operator.catalog.gpus", "vllm_operator.crd")
 
 
 def part_of(module: str) -> str:

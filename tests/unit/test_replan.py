@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from vllm_operator.controller import replan
-from vllm_operator.controller.reconcile import HASH_ANNOTATION, is_subset, with_hash
+from vllm_operator.controller.drift import HASH_ANNOTATION, is_subset, with_hash
 
 
 def workload(args: list[str], **pod) -> dict:

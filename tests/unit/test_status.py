@@ -2,7 +2,7 @@
 examples and the failure cases (e2e/testbed/status_cases.py), so a misspelt key fails here instead of being
 pruned silently by the API server.
 
-Two checks: the status models in api.py read each status back unchanged (they refuse unknown keys), and the real
+Two checks: the status models in api/status.py read each status back unchanged (they refuse unknown keys), and the real
 kube-apiserver, holding the CRD generated from those models, accepts each one as a server-side apply of the status
 subresource (a dry run), the way the operator writes it. Measured on kube-apiserver 1.37: a server-side apply with
 a key the schema does not declare is refused whole (500, "field not declared in schema", whatever fieldValidation

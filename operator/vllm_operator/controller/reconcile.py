@@ -13,7 +13,6 @@ the reconcile is retried, never read as "the server is gone".
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 import time
@@ -22,6 +21,7 @@ from typing import Any, Callable, Optional, Union
 
 from .. import api, builders, pipeline, planner, podsecurity
 from . import failures, kvcapacity, replan
+from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
 from ..kube import apierrors, events
 from ..sources import model_facts, vllm_metrics
 from ..autoscaler import ownership
@@ -32,7 +32,6 @@ from ..urlpolicy import URLPolicy
 
 log = logging.getLogger("vllm_operator.controller.reconcile")
 
-HASH_ANNOTATION = f"{api.GROUP}/desired-hash"
 #: Status fields this reconciler owns (server-side apply on /status under its field manager);
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
@@ -59,36 +58,6 @@ def utcnow() -> str:
 
 
 # --------------------------------------------------------------------------- pure helpers
-def desired_hash(obj: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def with_hash(obj: dict[str, Any]) -> dict[str, Any]:
-    """The object plus an annotation naming the hash of what we sent, so removals are noticed too."""
-    digest = desired_hash(obj)
-    out = json.loads(json.dumps(obj))
-    out["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
-    return out
-
-
-def is_subset(want: Any, have: Any) -> bool:
-    """Every field in `want` is in `have` with the same value (server defaults may add more)."""
-    if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and is_subset(v, have[k]) for k, v in want.items())
-    if isinstance(want, list):
-        return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
-    return want == have or (isinstance(want, (int, float)) and isinstance(have, str) and str(want) == have)
-
-
-def up_to_date(want: dict[str, Any], live: Optional[dict[str, Any]]) -> bool:
-    if live is None:
-        return False
-    digest = want["metadata"]["annotations"][HASH_ANNOTATION]
-    if live.get("metadata", {}).get("annotations", {}).get(HASH_ANNOTATION) != digest:
-        return False
-    return is_subset(want, live)
-
-
 def kstatus_reconciling(conditions: Conditions) -> None:
     """Reconciling=True while a rollout replaces pods that already serve (Ready=True and Progressing=True, the
     rollout's reason and message), absent otherwise. kstatus (Flux, kpt, cli-utils) knows no Progressing and reads

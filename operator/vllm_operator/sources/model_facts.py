@@ -24,8 +24,9 @@ import pydantic
 from . import fetch as net
 from . import hub
 from ..api import ModelArchitecture, ModelSpec
-from ..catalog import (ARCH_FIELDS, CAMEL, ResolvedModel, UnknownModelError, _catalog_source, _estimate,
-                       _out_of_range, architecture_from_config, lookup_model)
+from ..catalog.config import _out_of_range, architecture_from_config
+from ..catalog.models import (ARCH_FIELDS, CAMEL, ResolvedModel, UnknownModelError, _catalog_source, _estimate,
+                              lookup_model)
 
 #: The largest config.json read. Real ones are under 100 KB (most under 10 KB; the long ones list
 #: id2label maps or quantization ignore lists), so 1 MiB is ten times that, and parsing 1 MiB of the
@@ -166,42 +167,78 @@ def resolve_model(
     ValueError when an explicitly requested config.json cannot be read. `cache` keeps
     fetched facts (ConfigCache) and may answer with older ones and a note.
     """
-    fields: dict[str, Any] = {}
-    sources: list[str] = []  # lowest precedence first
-    fetch_problem = ""
+    facts = _Facts()
+    in_catalog = _from_catalog(facts, model)
+    _from_config(facts, model, hf_endpoint, in_catalog, fetch, local_files, cache, hub_lookup, hf_token)
+    _from_spec(facts, model)
+    estimated = _derive_shapes(facts.fields)
+    _refuse_incomplete(model.name, facts, estimated)
+    if facts.from_hub and facts.fields.get("parameter_count") and not _spec_counts(model):
+        facts.notes = (*facts.notes, _exact_count_note(facts.fields))
+    _estimate_the_rest(model.name, facts.fields, estimated)
+    return _resolved(model, facts, estimated)
+
+
+@dataclass
+class _Facts:
+    """What resolve_model has gathered so far: the fields, lowest precedence first, and where they came from."""
+
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sources: list[str] = dataclasses.field(default_factory=list)
     notes: tuple[str, ...] = ()
+    #: why a config.json the spec did not name could not be read (a detail of an incomplete architecture)
+    fetch_problem: str = ""
+    from_hub: bool = False
     stored_weight_bytes: Optional[int] = None
 
-    catalog = lookup_model(model.name)
-    if catalog is not None:
-        fields.update(_given(catalog))
-        sources.append(f"catalog ({_catalog_source(model.name)})")
 
-    config_location, explicit = _config_location(model, hf_endpoint, catalog is not None, local_files)
-    from_hub = config_location is not None and not explicit and hf_endpoint is not None
-    if config_location is not None:
-        try:
-            if from_hub:
-                assert hf_endpoint is not None
-                from_the_hub, note = _hub_architecture(model, hf_endpoint, hub_lookup, hf_token, cache)
-                from_config, stored_weight_bytes = from_the_hub.architecture, from_the_hub.stored_weight_bytes
-            else:
-                from_config, note = _config_architecture(config_location, model.revision, fetch, local_files, cache)
-        except ValueError as err:
-            if explicit:
-                raise
-            fetch_problem = str(err)
+def _from_catalog(facts: _Facts, model: ModelSpec) -> bool:
+    """1. The catalog entry, if the model has one (whether it has)."""
+    entry = lookup_model(model.name)
+    if entry is None:
+        return False
+    facts.fields.update(_given(entry))
+    facts.sources.append(f"catalog ({_catalog_source(model.name)})")
+    return True
+
+
+def _from_config(facts: _Facts, model: ModelSpec, hf_endpoint: Optional[str], in_catalog: bool,
+                 fetch: Callable[[str], dict[str, Any]], local_files: bool, cache: Optional[ConfigCache],
+                 hub_lookup: Callable[..., hub.HubFacts], hf_token: Union[str, bool, None]) -> None:
+    """2. The config.json: spec.model.configURL, the model directory (the CLI), or the Hub with the safetensors
+    metadata for a model outside the catalog. A config.json the spec named and that cannot be read raises."""
+    config_location, explicit = _config_location(model, hf_endpoint, in_catalog, local_files)
+    facts.from_hub = config_location is not None and not explicit and hf_endpoint is not None
+    if config_location is None:
+        return
+    try:
+        if facts.from_hub:
+            assert hf_endpoint is not None
+            from_the_hub, note = _hub_architecture(model, hf_endpoint, hub_lookup, hf_token, cache)
+            from_config, facts.stored_weight_bytes = from_the_hub.architecture, from_the_hub.stored_weight_bytes
         else:
-            fields.update(_given(from_config))
-            sources.append(f"Hub ({config_location}: config.json, safetensors metadata)" if from_hub
-                           else f"config.json ({config_location})")
-            notes = (note,) if note else ()
+            from_config, note = _config_architecture(config_location, model.revision, fetch, local_files, cache)
+    except ValueError as err:
+        if explicit:
+            raise
+        facts.fetch_problem = str(err)
+        return
+    facts.fields.update(_given(from_config))
+    facts.sources.append(f"Hub ({config_location}: config.json, safetensors metadata)" if facts.from_hub
+                         else f"config.json ({config_location})")
+    facts.notes = (note,) if note else ()
 
+
+def _from_spec(facts: _Facts, model: ModelSpec) -> None:
+    """3. Each field given under spec.model.architecture."""
     spec_fields = _given(model.architecture)
     if spec_fields:
-        fields.update(spec_fields)
-        sources.append("spec")
+        facts.fields.update(spec_fields)
+        facts.sources.append("spec")
 
+
+def _derive_shapes(fields: dict[str, Any]) -> list[str]:
+    """4. The shapes the others give unambiguously (KV heads, head size, hidden size); the names of those derived."""
     estimated: list[str] = []
     heads = fields.get("num_attention_heads")
     if heads and not fields.get("num_kv_heads"):
@@ -213,7 +250,13 @@ def resolve_model(
     if heads and fields.get("head_dim") and not fields.get("hidden_size"):
         fields["hidden_size"] = heads * fields["head_dim"]
         estimated.append("hidden_size")
+    return estimated
 
+
+def _refuse_incomplete(name: str, facts: _Facts, estimated: list[str]) -> None:
+    """5. UnknownModelError naming what is still missing to plan with."""
+    fields = facts.fields
+    heads = fields.get("num_attention_heads")
     missing = [CAMEL[k] for k in ("num_layers", "num_attention_heads", "hidden_size", "max_position_embeddings")
                if not fields.get(k)]
     if heads and fields.get("hidden_size") and not fields.get("head_dim"):
@@ -226,10 +269,16 @@ def resolve_model(
     if missing:
         if "num_kv_heads" in estimated or not heads:
             missing.append(f"{CAMEL['num_kv_heads']} (optional; defaults to {CAMEL['num_attention_heads']})")
-        raise UnknownModelError(model.name, missing, fetch_problem)
+        raise UnknownModelError(name, missing, facts.fetch_problem)
 
-    if from_hub and fields.get("parameter_count") and not (model.architecture and model.architecture.parameter_count):
-        notes = (*notes, _exact_count_note(fields))
+
+def _spec_counts(model: ModelSpec) -> bool:
+    """Whether the spec gives the parameter count itself."""
+    return bool(model.architecture and model.architecture.parameter_count)
+
+
+def _estimate_the_rest(name: str, fields: dict[str, Any], estimated: list[str]) -> None:
+    """6. The parameter count from the shapes, or the MLP width back-solved from it; the dtype."""
     if not fields.get("parameter_count"):
         fields["parameter_count"] = _estimate(fields)
         estimated.append("parameter_count")
@@ -239,7 +288,7 @@ def resolve_model(
         per_unit = 3 * fields["hidden_size"] * fields["num_layers"] * (fields.get("num_experts") or 1)
         width = (fields["parameter_count"] - without_mlp) // per_unit
         if width < 1:
-            raise UnknownModelError(model.name, [CAMEL["intermediate_size"]],
+            raise UnknownModelError(name, [CAMEL["intermediate_size"]],
                                     "parameterCount is too small for the other shapes")
         fields["intermediate_size"] = width
         estimated.append("intermediate_size")
@@ -247,6 +296,10 @@ def resolve_model(
         fields["torch_dtype"] = "bfloat16"
         estimated.append("torch_dtype")
 
+
+def _resolved(model: ModelSpec, facts: _Facts, estimated: list[str]) -> ResolvedModel:
+    """7. The architecture, validated against the API's bounds, and where it came from."""
+    sources = facts.sources
     if not sources:
         source = "spec"
     elif sources[-1] == "spec" and len(sources) > 1:
@@ -254,12 +307,12 @@ def resolve_model(
     else:
         source = " over ".join(reversed(sources))
     try:
-        architecture = ModelArchitecture.model_validate(fields)
+        architecture = ModelArchitecture.model_validate(facts.fields)
     except pydantic.ValidationError as err:  # an estimate beyond the API's bounds: the spec has to give it
         raise UnknownModelError(model.name, _out_of_range(err), "estimated beyond the API's bounds") from None
-    if model.architecture and model.architecture.parameter_count:
-        stored_weight_bytes = None  # the spec's count is what the spec wants sized
-    return ResolvedModel(architecture=architecture, source=source, estimated=tuple(estimated), notes=notes,
+    # the spec's count is what the spec wants sized
+    stored_weight_bytes = None if _spec_counts(model) else facts.stored_weight_bytes
+    return ResolvedModel(architecture=architecture, source=source, estimated=tuple(estimated), notes=facts.notes,
                          stored_weight_bytes=stored_weight_bytes)
 
 

@@ -1,4 +1,5 @@
-"""Turn spec.gpu into what the pod asks the scheduler for, and the GPU memory to plan with.
+"""The one home of GPU knowledge: the GPU table, and spec.gpu turned into what the pod asks the scheduler for
+and the GPU memory to plan with.
 
 One job: from gpu.product (a GFD label, an alias, a family such as H100, a cloud's accelerator
 name, with GFD's -SHARED or -MIG-<profile> suffix), gpu.migProfile and gpu.labelConvention derive
@@ -15,19 +16,269 @@ the least memory, so the server fits on whichever the scheduler picks. Refusing 
 would make users spell GFD's exact strings, the very mistake that left pods Pending; to get
 the bigger card's memory, name it (NVIDIA-H100-NVL) or set gpu.memory.
 
+The GPU table (gpus.yaml, each figure with the log or document it rests on) and what selects from it:
+products by GFD label, alias, family or a cloud's accelerator name (`match_gpu`).
+
 Pure: catalog data in, a GPUSelection out; problems are (field, message) data for the planner.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
-from . import api, catalog
-from .catalog import GPUInfo, GPUMatch
+from .. import api
+from .models import _read_yaml
 
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """One GPU product: its memory as CUDA reports it, and what it can do."""
+
+    product: str
+    memory_bytes: int
+    compute_capability: str
+    supports_fp8: bool
+    memory_bandwidth_gbps: Optional[float]
+    source: str
+    #: True when memory_bytes is the marketed size, not a figure a real device reported.
+    memory_estimated: bool = False
+    note: str = ""
+    aliases: tuple[str, ...] = ()
+    #: GKE's cloud.google.com/gke-accelerator values for this product (none: GKE does not offer it).
+    gke: tuple[str, ...] = ()
+    #: Karpenter's karpenter.k8s.aws/instance-gpu-name on EKS (None: no EC2 instance has it).
+    karpenter: Optional[str] = None
+    #: karpenter.k8s.aws/instance-gpu-memory, where two products share one Karpenter GPU name.
+    karpenter_memory_mib: Optional[int] = None
+    #: MIG profile -> the slice's memory in bytes (capped at memory_bytes).
+    mig: tuple[tuple[str, int], ...] = ()
+
+    def mig_memory(self, profile: str) -> Optional[int]:
+        """Memory of one MIG slice of this GPU, or None when the catalog has no such profile for it."""
+        return dict(self.mig).get(profile.lower())
+
+    def label_values(self, convention: str) -> tuple[str, ...]:
+        """This product's node label values under a label convention (GFD, GKE, Karpenter)."""
+        if convention == "GKE":
+            return self.gke
+        if convention == "Karpenter":
+            return (self.karpenter,) if self.karpenter else ()
+        return (self.product,)
+
+
+@dataclass(frozen=True)
+class GPUMatch:
+    """What a gpu.product value names: one catalog product, or a family of them, and GFD's suffixes."""
+
+    products: tuple[GPUInfo, ...]
+    #: The family name when the value named several products (H100), else None.
+    family: Optional[str] = None
+    #: GFD's -SHARED suffix: the node's GPUs are time-sliced or shared through MPS.
+    shared: bool = False
+    #: The MIG profile of GFD's -MIG-<profile> suffix (MIG "single" strategy), else None.
+    mig_profile: Optional[str] = None
+
+
+# --------------------------------------------------------------------------- GPUs
+#: The node label conventions a GPU can be selected by (spec.gpu.labelConvention).
+LABEL_CONVENTIONS: tuple[str, ...] = ("GFD", "GKE", "Karpenter")
+_GPU_PREFIXES = ("nvidia-", "tesla-", "geforce-")
+_SHARED_SUFFIX = "-shared"  # GFD's rename of nvidia.com/gpu.product under time-slicing or MPS
+_MIG_SUFFIX = re.compile(r"^(?P<gpu>.+)-mig-(?P<profile>[1-9]g\.[0-9]+gb)$")  # GFD's MIG "single" strategy
+
+
+def _gpu_words(name: str) -> str:
+    """Lower case, spaces and underscores as dashes: how GFD writes an NVML name, case aside."""
+    return "-".join(name.strip().lower().replace("_", " ").replace("-", " ").split())
+
+
+def _strip_prefixes(key: str) -> str:
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in _GPU_PREFIXES:
+            if key.startswith(prefix) and len(key) > len(prefix):
+                key = key[len(prefix):]
+                stripped = True
+    return key
+
+
+def _gpu_key(product: str) -> str:
+    """The lookup key of a product or alias: its words without vendor prefixes."""
+    return _strip_prefixes(_gpu_words(product))
+
+
+def _split_suffixes(name: str) -> tuple[str, bool, Optional[str]]:
+    """(words without GFD's suffixes, -SHARED seen, MIG profile of a -MIG-<profile> suffix)."""
+    words = _gpu_words(name)
+    shared = words.endswith(_SHARED_SUFFIX) and len(words) > len(_SHARED_SUFFIX)
+    if shared:
+        words = words[: -len(_SHARED_SUFFIX)]
+    mig = _MIG_SUFFIX.match(words)
+    if mig:
+        return mig.group("gpu"), shared, mig.group("profile")
+    return words, shared, None
+
+
+@dataclass(frozen=True)
+class _GPUIndex:
+    gpus: tuple[GPUInfo, ...]
+    by_key: dict[str, GPUInfo]  # product and alias keys
+    families: dict[str, tuple[str, tuple[GPUInfo, ...]]]  # key -> (name as written, products)
+    by_label: dict[str, dict[str, tuple[GPUInfo, ...]]]  # convention -> lower-cased label value -> products
+
+
+def _gpu_info(entry: dict[str, Any]) -> GPUInfo:
+    cc = str(entry["compute_capability"])
+    major, minor = (int(part) for part in cc.split("."))
+    memory = int(entry.get("memory_bytes") or int(entry["memory_mib"]) * 2**20)
+    mig = tuple(sorted((str(profile).lower(), min(memory, int(mib) * 2**20))
+                       for profile, mib in (entry.get("mig_mib") or {}).items()))
+    return GPUInfo(
+        product=entry["product"],
+        memory_bytes=memory,
+        compute_capability=cc,
+        supports_fp8=bool(entry.get("supports_fp8", (major, minor) >= (8, 9))),
+        memory_bandwidth_gbps=(float(entry["memory_bandwidth_gbps"])
+                               if entry.get("memory_bandwidth_gbps") is not None else None),
+        source=str(entry["source"]),
+        memory_estimated=bool(entry.get("memory_estimated", False)),
+        note=str(entry.get("note") or "").strip(),
+        aliases=tuple(str(a) for a in entry.get("aliases") or ()),
+        gke=tuple(str(v) for v in entry.get("gke") or ()),
+        karpenter=str(entry["karpenter"]) if entry.get("karpenter") else None,
+        karpenter_memory_mib=int(entry["karpenter_memory_mib"]) if entry.get("karpenter_memory_mib") else None,
+        mig=mig,
+    )
+
+
+@functools.cache
+def _gpu_index() -> _GPUIndex:
+    data = _read_yaml("gpus.yaml") or {}
+    gpus = tuple(_gpu_info(entry) for entry in data.get("gpus") or [])
+    by_key: dict[str, GPUInfo] = {}
+    aliases: set[str] = set()
+    for info in gpus:
+        for name in (info.product, *info.aliases):
+            key = _gpu_key(name)
+            if key in by_key and by_key[key] is not info:
+                raise ValueError(f"gpus.yaml: {name!r} names both {by_key[key].product} and {info.product}")
+            by_key[key] = info
+            if name != info.product:
+                aliases.add(key)
+    by_product = {info.product: info for info in gpus}
+    families: dict[str, tuple[str, tuple[GPUInfo, ...]]] = {}
+    for family, members in (data.get("families") or {}).items():
+        key = _gpu_key(str(family))
+        # A family may share its key with a product (H200, NVIDIA-H200): the exact label means the product.
+        if key in aliases:
+            raise ValueError(f"gpus.yaml: family {family!r} is also an alias of {by_key[key].product}")
+        unknown = [m for m in members if m not in by_product]
+        if unknown or len(members) < 2:
+            raise ValueError(f"gpus.yaml: family {family!r} needs two or more catalog products (unknown: {unknown})")
+        families[key] = (str(family), tuple(by_product[m] for m in members))
+    by_label: dict[str, dict[str, tuple[GPUInfo, ...]]] = {"GFD": {_gpu_words(i.product): (i,) for i in gpus}}
+    for convention in ("GKE", "Karpenter"):
+        values: dict[str, tuple[GPUInfo, ...]] = {}
+        for info in gpus:
+            for value in info.label_values(convention):
+                values[value.lower()] = values.get(value.lower(), ()) + (info,)
+        by_label[convention] = values
+    return _GPUIndex(gpus, by_key, families, by_label)
+
+
+def match_gpu(name: str, convention: str = "GFD") -> Optional[GPUMatch]:
+    """What a gpu.product value names, or None when the catalog does not know it.
+
+    Accepted, case-insensitively, with spaces, dashes and underscores alike, in this order: a GFD
+    product label (NVIDIA-L4; NVIDIA-H200 is that product, H200 the family of it and the H200 NVL),
+    a value of the label convention in use (GKE's nvidia-tesla-a100, Karpenter's a10g), with any
+    convention a GKE accelerator name, a family (H100: every H100 product), an alias (L4), and last
+    any of these with the dashes left out (L40-S, RTX6000-Ada). GFD's "-SHARED" and
+    "-MIG-<profile>" suffixes are recognised and reported.
+    """
+    if not name or not name.strip():
+        return None
+    index = _gpu_index()
+    words, shared, mig = _split_suffixes(name)
+    for conv in dict.fromkeys(("GFD", convention, "GKE")):
+        products = index.by_label.get(conv, {}).get(words)
+        if products:
+            family = name.strip() if len(products) > 1 else None
+            return GPUMatch(products, family, shared, mig)
+    key = _strip_prefixes(words)
+    if key in index.families:
+        family, products = index.families[key]
+        return GPUMatch(products, family, shared, mig)
+    if key in index.by_key:
+        return GPUMatch((index.by_key[key],), None, shared, mig)
+    # Last, dashes ignored (L40-S, A100-80-GB, RTX6000-Ada), where that names one product or family.
+    compact = key.replace("-", "")
+    found: set[tuple[Optional[str], tuple[GPUInfo, ...]]] = {
+        (family, products) for k, (family, products) in index.families.items() if k.replace("-", "") == compact}
+    found |= {(None, (info,)) for k, info in index.by_key.items() if k.replace("-", "") == compact}
+    if len(found) == 1:
+        family, products = found.pop()
+        return GPUMatch(products, family, shared, mig)
+    return None
+
+
+def lookup_gpu(product: str) -> Optional[GPUInfo]:
+    """The catalog entry for one GPU product (nvidia.com/gpu.product value or alias), or None.
+
+    Case-insensitive; spaces and dashes are interchangeable; "NVIDIA-", "Tesla-" and
+    "GeForce-" prefixes and GFD's "-SHARED" suffix are ignored. A family (H100) and a MIG
+    slice (GFD's -MIG-1g.5gb) are not one GPU and return None: see match_gpu.
+    """
+    match = match_gpu(product)
+    if match is None or match.family is not None or match.mig_profile is not None:
+        return None
+    return match.products[0]
+
+
+def known_gpus() -> list[GPUInfo]:
+    """Every GPU in the built-in catalog."""
+    return list(_gpu_index().gpus)
+
+
+def gpu_families() -> dict[str, tuple[GPUInfo, ...]]:
+    """Family name (as gpus.yaml writes it) -> the products it selects."""
+    return {name: products for name, products in _gpu_index().families.values()}
+
+
+def mig_profiles() -> dict[str, tuple[GPUInfo, ...]]:
+    """Every MIG profile the catalog knows -> the GPUs that have it."""
+    profiles: dict[str, tuple[GPUInfo, ...]] = {}
+    for info in _gpu_index().gpus:
+        for profile, _ in info.mig:
+            profiles[profile] = profiles.get(profile, ()) + (info,)
+    return dict(sorted(profiles.items()))
+
+
+def near_gpu_names(name: str, n: int = 3) -> list[str]:
+    """Catalog names close to an unknown gpu.product (difflib over products, aliases and families).
+
+    Each suggestion is what to write: a product's GFD label (also for an alias that matched) or a
+    family's name. A name that starts with a known family or product ("H100-SXM5-94GB") suggests it too.
+    """
+    index = _gpu_index()
+    words, _, _ = _split_suffixes(name)
+    key = _strip_prefixes(words)
+    shown: dict[str, str] = {k: info.product for k, info in index.by_key.items()}
+    shown.update({k: family for k, (family, _) in index.families.items()})
+    close = difflib.get_close_matches(key, list(shown), n=2 * n, cutoff=0.7)
+    head = key.split("-", 1)[0]
+    if head in shown and head != key:
+        close.insert(0, head)
+    return list(dict.fromkeys(shown[k] for k in close))[:n]
+
+
+# --------------------------------------------------------------------------- selection: spec.gpu -> node requirements, resource, memory
 GiB = 2**30
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -114,7 +365,7 @@ def gib(n: float) -> str:
 def select_gpu(gpu: api.GPUSpec) -> GPUSelection:
     """Resolve spec.gpu. Never raises: problems name the field to change."""
     draft = _Draft(gpu)
-    match = catalog.match_gpu(gpu.product, gpu.label_convention) if gpu.product else None
+    match = match_gpu(gpu.product, gpu.label_convention) if gpu.product else None
     mig, single = _mig_profile(draft, match)
     if mig and gpu.count > 1:
         draft.problem("spec.gpu.count", f"a MIG slice ({mig}) is one CUDA device and vLLM cannot run tensor "
@@ -147,13 +398,13 @@ def _without_product(draft: _Draft, mig: Optional[str], resource: str) -> GPUSel
     requirements: tuple[NodeRequirement, ...] = ()
     products: tuple[GPUInfo, ...] = ()
     if mig:
-        products = catalog.mig_profiles().get(mig, ())
+        products = mig_profiles().get(mig, ())
         if gpu.label_convention == "GKE":
             requirements = (NodeRequirement(GKE_PARTITION_LABEL, (mig,)),)
     memory, source, estimated = _smallest(products, mig)
     if memory is None and gpu.memory is None:
         if mig:
-            known = ", ".join(catalog.mig_profiles())
+            known = ", ".join(mig_profiles())
             draft.problem("spec.gpu.memory", f"no catalog GPU has MIG profile {mig} (known: {known}); set "
                           f"gpu.product, or gpu.memory to the slice's memory (nvidia-smi mig -lgip shows it)")
         else:
@@ -167,7 +418,7 @@ def _unknown_product(draft: _Draft, mig: Optional[str], resource: str) -> GPUSel
     """Open world: a product the catalog does not know is selected as written, if gpu.memory says its size."""
     gpu = draft.gpu
     product = str(gpu.product).strip()
-    near = catalog.near_gpu_names(product)
+    near = near_gpu_names(product)
     hint = f" (did you mean {_either(near)}?)" if near else ""
     if gpu.memory is None:
         example = _example_memory(near, product)
@@ -201,7 +452,7 @@ def _example_memory(near: list[str], product: str) -> str:
     if size and int(size.group(1)) > 1:
         return f"{int(size.group(1)) - 1}Gi for a card sold as {size.group(1)} GB: CUDA reports a little less"
     for name in near:
-        match = catalog.match_gpu(name)
+        match = match_gpu(name)
         if match is not None:
             smallest = min(match.products, key=lambda g: g.memory_bytes)
             return f"{math.floor(smallest.memory_bytes / GiB)}Gi, as {smallest.product} reports it"
@@ -287,7 +538,7 @@ def _with_label(draft: _Draft, candidates: tuple[GPUInfo, ...], convention: str)
     """The candidates the convention has a label value for; the others cannot be selected by it."""
     labelled = tuple(g for g in candidates if g.label_values(convention))
     if candidates and not labelled:
-        offered = sorted({g.product for g in catalog.known_gpus() if g.label_values(convention)})
+        offered = sorted({g.product for g in known_gpus() if g.label_values(convention)})
         draft.problem("spec.gpu.labelConvention", f"{', '.join(g.product for g in candidates)} has no "
                       f"{PRODUCT_LABEL[convention]} value ({convention} offers: {', '.join(offered)}); use "
                       "labelConvention: GFD on nodes that GPU feature discovery labels")
@@ -306,7 +557,7 @@ def _requirements(candidates: tuple[GPUInfo, ...], convention: str, mig: Optiona
         return (NodeRequirement(GFD_PRODUCT_LABEL, tuple(g.product + suffix for g in candidates)),), candidates
     values = tuple(dict.fromkeys(v for g in candidates for v in g.label_values(convention)))
     requirements = [NodeRequirement(PRODUCT_LABEL[convention], values)]
-    reach = tuple(g for g in catalog.known_gpus() if set(g.label_values(convention)) & set(values))
+    reach = tuple(g for g in known_gpus() if set(g.label_values(convention)) & set(values))
     if convention == "Karpenter" and set(reach) != set(candidates):
         # a100 is the 40 GB and the 80 GB card; Karpenter's per-GPU memory label tells them apart.
         memories = {g.karpenter_memory_mib for g in candidates}
