@@ -8,7 +8,8 @@ import json
 from e2e.testbed.memory_world import NS, World
 from vllm_operator.kube.client import ApiError
 from vllm_operator.conditions import Conditions, condition
-from vllm_operator.controller.drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash, workload_progress
+from vllm_operator.controller.drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
+from vllm_operator.controller.reconcile import workload_progress
 
 
 def test_subset_ignores_server_defaults_but_not_changes():
