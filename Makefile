@@ -28,7 +28,7 @@ crd:   ## regenerate the CRD from the pydantic models
 	.venv/bin/vllm-operator crd > crds/vllmservers.vllm-operator.io.yaml
 
 generate:  ## regenerate crds/, the chart's crds/ and values.schema.json, manifests/ (tests fail when stale)
-	.venv/bin/python -m vllm_operator.packaging
+	.venv/bin/python -m vllm_operator.generate
 
 golden:  ## regenerate the golden render output of examples/ (on purpose only)
 	UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_builders.py -q

@@ -23,7 +23,7 @@ from e2e.testbed.operator_install import (ROOT, children, condition, get_server,
                                   rbac_trouble, run_as_installed, serve_example_until_ready)
 from e2e.testbed.operator_process import ACTING
 from e2e.testbed.serviceaccount import can_i
-from vllm_operator import packaging
+from vllm_operator import generate
 from vllm_operator.kube.client import Kube
 from tests.apiserver.test_helm import Helm, release_name
 
@@ -56,8 +56,8 @@ def test_install_then_the_operator_under_the_charts_account_serves_a_model(contr
     result = Helm(cp, namespace).install(release, {"operator": {"resyncSeconds": 5}})
     assert result["info"]["status"] == "deployed" and result["version"] == 1
     # the two Helm libraries agree: what helm-sdkpy installed is what `make generate` renders
-    assert [d for d in yaml.safe_load_all(result["manifest"]) if d] == packaging.render_chart(
-        ROOT / packaging.CHART, {"operator": {"resyncSeconds": 5}}, release=release, namespace=namespace)
+    assert [d for d in yaml.safe_load_all(result["manifest"]) if d] == generate.render_chart(
+        ROOT / generate.CHART, {"operator": {"resyncSeconds": 5}}, release=release, namespace=namespace)
     wait_established(cp, "vllmservers.vllm-operator.io")
     sa = f"{release}-vllm-operator"
 
@@ -185,7 +185,7 @@ def test_high_availability_two_replicas_under_the_charts_account(control_plane, 
         kube.request("DELETE", peers_path)
 
     # namespaced mode: each watched namespace's Role also grants its KopfPeering, nothing cluster-wide
-    docs = packaging.render_chart(ROOT / packaging.CHART, {**values, "operator": {"watchNamespaces": [app]}},
+    docs = generate.render_chart(ROOT / generate.CHART, {**values, "operator": {"watchNamespaces": [app]}},
                                   release=release, namespace=namespace)
     [role] = [d for d in docs if d["kind"] == "Role"]
     assert {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"],

@@ -78,10 +78,10 @@ def rule_groups(rule_values: Optional[Mapping[str, Any]] = None, *, namespace: s
                 release: str = "vllm-operator") -> list[dict[str, Any]]:
     """The rule groups of the chart's PrometheusRule, rendered by Helm with prometheusRule.enabled
     and `rule_values` merged into prometheusRule."""
-    from vllm_operator import packaging
+    from vllm_operator import generate
 
     values = {"prometheusRule": {"enabled": True, **(rule_values or {})}}
-    (rule,) = [o for o in packaging.render_chart(CHART, values, namespace=namespace, release=release)
+    (rule,) = [o for o in generate.render_chart(CHART, values, namespace=namespace, release=release)
                if o["kind"] == "PrometheusRule"]
     return rule["spec"]["groups"]
 

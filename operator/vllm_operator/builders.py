@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any, Optional
 
-from . import api, smp
+from . import api, strategic_merge
 from .catalog import gpus
 from .planner import GiB, Plan
 
@@ -254,11 +254,11 @@ def extra_container(container: api.Container, native_sidecar: bool = False) -> d
 
 
 def pod_template(plan: Plan) -> dict[str, Any]:
-    """The pod template, with spec.podTemplatePatch applied last (hatches.problems checks the result before a
+    """The pod template, with spec.podTemplatePatch applied last (escape_hatches.problems checks the result before a
     plan with a patch can be built)."""
     base = base_pod_template(plan)
     patch = plan.spec.pod_template_patch
-    return smp.apply(base, patch) if patch else base
+    return strategic_merge.apply(base, patch) if patch else base
 
 
 def base_pod_template(plan: Plan) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any, Optional, TextIO, Union
 
 import yaml
 
-from . import api, builders, catalog, crd, pipeline
+from . import api, builders, catalog, crd, documents, pipeline
 from .sources import hub
 from .planner import GiB, Plan
 
@@ -155,7 +155,7 @@ def _plans_of(path: str, settings: tuple[Optional[str], Union[str, bool, None]],
         return [], False
     ok = True
     plans = []
-    docs = pipeline.load_documents(text)
+    docs = documents.load_documents(text)
     if not docs:
         err.write(f"{path}: no VLLMServer documents\n")
         return [], False

@@ -15,14 +15,14 @@ free-form, so it may only adjust: the final template, after the patch, must
    (NVIDIA_VISIBLE_DEVICES=all would hand a container every GPU of the node, past the device plugin).
 
 Each rule is a Problem naming the field (spec.podTemplatePatch.spec.containers[vllm].args, ...) and what to set
-instead. Every walk is linear in the template's size, which the patch's bounds (smp) and the CRD bound.
+instead. Every walk is linear in the template's size, which the patch's bounds (strategic_merge) and the CRD bound.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from . import api, builders, podsecurity, smp
+from . import api, builders, podsecurity, strategic_merge
 from .planner import Plan
 from .validation import Problem
 
@@ -120,9 +120,9 @@ def template_problems(plan: Plan) -> list[Problem]:
         final = base
     else:
         try:
-            smp.check_bounds(spec.pod_template_patch, PATCH_FIELD)
-            final = smp.apply(base, spec.pod_template_patch)
-        except smp.PatchError as exc:
+            strategic_merge.check_bounds(spec.pod_template_patch, PATCH_FIELD)
+            final = strategic_merge.apply(base, spec.pod_template_patch)
+        except strategic_merge.PatchError as exc:
             path = exc.path if exc.path.startswith(PATCH_FIELD) else f"{PATCH_FIELD}.{exc.path}"
             return [Problem(path, exc.message)]
     if not isinstance(final.get("spec"), dict) or not isinstance(final.get("metadata"), dict):

@@ -1,7 +1,7 @@
 """Generate every file that is derived from another one, so none is ever edited by hand.
 
-    python -m vllm_operator.packaging            # write them (what `make generate` runs)
-    python -m vllm_operator.packaging --check    # exit 1 and name the stale ones
+    python -m vllm_operator.generate            # write them (what `make generate` runs)
+    python -m vllm_operator.generate --check    # exit 1 and name the stale ones
 
 From the API models (api/) and the chart's sources it writes:
 
@@ -53,7 +53,7 @@ INSTALL_ORDER = [
 
 
 def repo_root() -> Path:
-    """The checkout this module lives in (operator/vllm_operator/packaging.py -> ../..)."""
+    """The checkout this module lives in (operator/vllm_operator/generate.py -> ../..)."""
     return Path(__file__).resolve().parents[2]
 
 
@@ -316,7 +316,7 @@ def write_all(root: Optional[Path] = None) -> list[Path]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_operator.packaging", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m vllm_operator.generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated file is stale")
     parser.add_argument("--root", type=Path, default=None, help="the checkout (default: the one holding this module)")
     args = parser.parse_args(argv)

@@ -32,7 +32,7 @@ from .controller import replan
 from .kube import apierrors, events
 from .informers import cache, kopfindex
 from .informers.reader import ReadFailed
-from .kopfext import peering
+from . import peering
 from .autoscaler import actuator, ownership
 from .kube.client import ApiError, Kube
 from .controller.reconcile import Reconciler

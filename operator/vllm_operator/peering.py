@@ -19,9 +19,9 @@ import random
 import time
 from typing import Optional, Sequence
 
-from ..kube.client import ApiError, Kube
+from .kube.client import ApiError, Kube
 
-log = logging.getLogger("vllm_operator.kopfext.peering")
+log = logging.getLogger("vllm_operator.peering")
 
 GROUP_VERSION = "kopf.dev/v1"
 CLUSTER_PLURAL = "clusterkopfpeerings"

@@ -5,7 +5,7 @@ when its requester may themselves get the Secrets it names, get its ServiceAccou
 in the namespace; and it applies the chart's settings (host IPC and network, images, ServiceAccounts,
 PriorityClasses, claims, pod label keys).
 
-The CRD and the policy objects are rendered from the chart by Helm's own code (packaging.render_chart), the
+The CRD and the policy objects are rendered from the chart by Helm's own code (generate.render_chart), the
 binding in namespaced mode so that it only covers the test's namespace. The tenant is an impersonated user
 (`kubectl --as`) whose RBAC is a Role in that namespace. Every refusal below is the policy's own: no operator
 runs, and the CRD admits each spec (the admin's requests, and the same spec by a user granted what it needs).
@@ -23,7 +23,7 @@ import yaml
 
 from e2e.testbed.convergence import wait_established
 from e2e.testbed.controlplane import wait_for
-from vllm_operator import packaging
+from vllm_operator import generate
 
 pytestmark = pytest.mark.apiserver
 
@@ -65,7 +65,7 @@ class Policy:
 
     def render(self, settings: dict, **kwargs) -> list[dict]:
         values = {"operator": {"watchNamespaces": [self.namespace]}, "admissionPolicy": settings}
-        return packaging.render_chart(ROOT / packaging.CHART, values, release=self.release, namespace="vllm-operator",
+        return generate.render_chart(ROOT / generate.CHART, values, release=self.release, namespace="vllm-operator",
                                       **kwargs)
 
     def install(self, settings: dict | None = None) -> "Policy":
@@ -242,7 +242,7 @@ def test_a_claim_needs_get_on_it(control_plane, namespace, policy, tenant):
 def test_the_escape_hatches_references_need_get_on_each(control_plane, namespace, policy, tenant):
     """spec.volumes (Secret, ConfigMap, claim) and the env of spec.initContainers and spec.sidecars name things the
     pods would read: each needs get, as hfTokenSecretRef does. (The pod template patch may not name any: the
-    operator refuses a final template with a reference the typed fields did not make, hatches.py.)"""
+    operator refuses a final template with a reference the typed fields did not make, escape_hatches.py.)"""
     policy.install()
     doc = server(volumes=[{"name": "ca", "secret": {"secretName": "ca-bundle"}},
                           {"name": "config", "configMap": {"name": "proxy-config"}},
@@ -351,7 +351,7 @@ def test_allowlists_and_denied_label_prefixes(control_plane, namespace, policy):
 
 def test_the_binding_covers_the_watched_namespaces_only(control_plane, namespace, policy, k8s):
     """Namespaced mode binds the policy to the watched namespaces: a cluster-wide install covers all."""
-    docs = packaging.render_chart(ROOT / packaging.CHART, {}, release="r", namespace="ops")
+    docs = generate.render_chart(ROOT / generate.CHART, {}, release="r", namespace="ops")
     [binding] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert "matchResources" not in binding["spec"] and binding["spec"]["validationActions"] == ["Deny"]
     policy.install()

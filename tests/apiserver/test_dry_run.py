@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from e2e.testbed.convergence import wait_established
-from vllm_operator import packaging
+from vllm_operator import generate
 from tests.artefacts.test_packaging import BUNDLE, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_bundle_passes_server_side_dry_run(control_plane):
     control_plane.kubectl("create", "namespace", "vllm-operator", check=False)  # dry-run cannot create into it
     p = control_plane.kubectl("apply", "--dry-run=server", "-f", str(BUNDLE), check=False)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.count("(server dry run)") == len(packaging.bundle_objects(BUNDLE.read_text()))
+    assert p.stdout.count("(server dry run)") == len(generate.bundle_objects(BUNDLE.read_text()))
 
 
 @pytest.mark.apiserver
@@ -65,6 +65,6 @@ def test_operator_output_for_every_example_passes_server_side_dry_run(control_pl
     # the VLLMServer itself, against the CRD's schema
     doc = yaml.safe_load((ROOT / "examples" / example).read_text())
     doc["metadata"]["namespace"] = namespace
-    control_plane.kubectl("apply", "-f", str(ROOT / "crds" / packaging.CRD_FILE))
+    control_plane.kubectl("apply", "-f", str(ROOT / "crds" / generate.CRD_FILE))
     wait_established(control_plane, "vllmservers.vllm-operator.io")
     server_dry_run(control_plane, [doc])

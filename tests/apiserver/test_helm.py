@@ -15,13 +15,13 @@ import pytest
 from e2e.testbed.controlplane import KUBECTL, wait_for
 from e2e.testbed.operator_install import (ROOT)
 from e2e.testbed.serviceaccount import service_account_kubeconfig
-from vllm_operator import packaging
+from vllm_operator import generate
 
 pytestmark = pytest.mark.apiserver
 
 helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="tools/run-tests.sh installs helm-sdkpy")
 
-CHART = str(ROOT / packaging.CHART)
+CHART = str(ROOT / generate.CHART)
 
 
 class Helm:

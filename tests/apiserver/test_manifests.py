@@ -14,14 +14,14 @@ import pytest
 from e2e.testbed.convergence import wait_established
 from e2e.testbed.controlplane import wait_for
 from e2e.testbed.operator_install import ROOT
-from vllm_operator import packaging
+from vllm_operator import generate
 from vllm_operator.controller.drift import is_subset
 
 pytestmark = pytest.mark.apiserver
 
 BUNDLE = ROOT / "manifests" / "vllm-operator.yaml"
-NS = packaging.BUNDLE_NAMESPACE
-OBJECTS = packaging.bundle_objects(BUNDLE.read_text())
+NS = generate.BUNDLE_NAMESPACE
+OBJECTS = generate.bundle_objects(BUNDLE.read_text())
 INSTALLED = [o for o in OBJECTS if o["kind"] not in ("Namespace", "CustomResourceDefinition")]
 
 
@@ -75,10 +75,10 @@ def test_bundle_gives_the_objects_helm_install_gives(clean):
     helm_sdkpy = pytest.importorskip("helm_sdkpy", reason="tools/run-tests.sh installs helm-sdkpy")
     cp = clean
     config = helm_sdkpy.Configuration(namespace=NS, kubeconfig=cp.kubeconfig)
-    asyncio.run(helm_sdkpy.Install(config).run(packaging.BUNDLE_RELEASE, str(ROOT / packaging.CHART),
+    asyncio.run(helm_sdkpy.Install(config).run(generate.BUNDLE_RELEASE, str(ROOT / generate.CHART),
                                                create_namespace=True, wait=False, timeout=120))
     by_helm = {(o["kind"], o["metadata"]["name"]): comparable(live(cp, o)) for o in INSTALLED}
-    asyncio.run(helm_sdkpy.Uninstall(config).run(packaging.BUNDLE_RELEASE, wait=True, timeout=120))
+    asyncio.run(helm_sdkpy.Uninstall(config).run(generate.BUNDLE_RELEASE, wait=True, timeout=120))
     for o in INSTALLED:
         wait_for(lambda: cp.kubectl("get", o["kind"].lower(), o["metadata"]["name"], "-n", NS,
                                     check=False).returncode != 0, 60, f"{o['kind']} removed by helm uninstall")

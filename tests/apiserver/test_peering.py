@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from e2e.testbed.convergence import (install_crd, wait_established)
-from vllm_operator.kopfext import peering
+from vllm_operator import peering
 from vllm_operator.kube.client import Kube
 
 pytestmark = pytest.mark.apiserver

@@ -308,9 +308,9 @@ def test_thresholds_durations_and_labels_come_from_the_values(tmp_path):
 
 
 def test_disabled_groups_and_the_default_install():
-    from vllm_operator import packaging
+    from vllm_operator import generate
 
-    assert not [o for o in packaging.render_chart(monitoring.CHART) if o["kind"] == "PrometheusRule"]
+    assert not [o for o in generate.render_chart(monitoring.CHART) if o["kind"] == "PrometheusRule"]
     only_operator = {k: {"enabled": False} for k in ("queueAtMaxReplicas", "kvCacheNearlyFull", "preemptions",
                                                        "requestErrors", "serverNotReady")}
     assert [g["name"] for g in monitoring.rule_groups(only_operator)] == ["vllm-operator.operator"]
@@ -319,9 +319,9 @@ def test_disabled_groups_and_the_default_install():
 
 
 def test_the_rule_is_labelled_for_a_prometheus_rule_selector():
-    from vllm_operator import packaging
+    from vllm_operator import generate
 
-    (rule,) = [o for o in packaging.render_chart(monitoring.CHART, {"prometheusRule": {
+    (rule,) = [o for o in generate.render_chart(monitoring.CHART, {"prometheusRule": {
         "enabled": True, "labels": {"release": "kube-prometheus-stack"}}}, namespace="ops")
                if o["kind"] == "PrometheusRule"]
     assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["namespace"] == "ops"

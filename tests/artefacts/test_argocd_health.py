@@ -19,7 +19,7 @@ import yaml
 from e2e.testbed.lua_health import (HEALTH_SCRIPT, RUNTIMES, argocd_versions, pinned_argocd_version, run_argocd_health_check,
                             run_health_check, to_lua)
 from e2e.testbed.memory_world import World
-from vllm_operator import packaging
+from vllm_operator import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,7 +154,7 @@ def test_a_broken_script_fails_loudly(tmp_path, runtime):
 
 def test_the_chart_and_the_argocd_cm_patch_ship_this_script():
     lua = HEALTH_SCRIPT.read_text()
-    assert (ROOT / packaging.CHART / "files" / "argocd-health.lua").read_text() == lua
+    assert (ROOT / generate.CHART / "files" / "argocd-health.lua").read_text() == lua
     patch = yaml.safe_load((ROOT / "manifests" / "argocd-cm-patch.yaml").read_text())
     assert patch == {"data": {"resource.customizations.health.vllm-operator.io_VLLMServer": lua}}
 

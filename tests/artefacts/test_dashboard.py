@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from e2e.testbed import monitoring, vllm_env
-from vllm_operator import packaging, telemetry
+from vllm_operator import generate, telemetry
 
 # --------------------------------------------------------------------------- the metric names that exist
 #: vLLM 0.32.0's metrics the alerts and the dashboard read, by their declared name and kind, all
@@ -191,8 +191,8 @@ def test_queries_take_variables():
 # --------------------------------------------------------------------------- the chart
 def test_the_configmap_is_opt_in_labelled_for_the_sidecar_and_holds_the_file():
     chart = monitoring.CHART
-    assert not [o for o in packaging.render_chart(chart) if o["kind"] == "ConfigMap"]
-    objects = packaging.render_chart(chart, {"grafanaDashboard": {
+    assert not [o for o in generate.render_chart(chart) if o["kind"] == "ConfigMap"]
+    objects = generate.render_chart(chart, {"grafanaDashboard": {
         "enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "LLM"}}}, namespace="ops")
     (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
     assert cm["metadata"]["namespace"] == "monitoring"

@@ -24,19 +24,19 @@ from packaging.requirements import Requirement  # pytest's own dependency
 from packaging.utils import canonicalize_name
 
 from e2e.testbed.controlplane import KUBE_VERSION
-from vllm_operator import cli, packaging, vllm_flags
+from vllm_operator import cli, generate, vllm_flags
 from vllm_operator.sources import hub
 from vllm_operator.api import MIN_KUBERNETES_VERSION as MIN_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / packaging.CHART
+CHART = ROOT / generate.CHART
 BUNDLE = ROOT / "manifests" / "vllm-operator.yaml"
 FORBIDDEN_RESOURCES = {"secrets", "*"}
 CHILD_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 
 
 def render(values=None, namespace="ops", **kw):
-    return packaging.render_chart(CHART, values, namespace=namespace, **kw)
+    return generate.render_chart(CHART, values, namespace=namespace, **kw)
 
 
 def by_kind(objects, kind):
@@ -59,7 +59,7 @@ def rules(obj):
 
 # --------------------------------------------------------------------------- generated files
 def test_generated_files_are_up_to_date():
-    stale = packaging.stale_files(ROOT)
+    stale = generate.stale_files(ROOT)
     assert not stale, f"stale generated files {[str(p) for p in stale]}: run `make generate`"
 
 
@@ -67,22 +67,22 @@ def test_stale_files_are_noticed(tmp_path):
     copy = tmp_path / "repo"
     for part in ("crds", "charts", "manifests"):
         shutil.copytree(ROOT / part, copy / part)
-    packaging.write_all(copy)  # independent of whether this checkout is fresh
-    assert packaging.stale_files(copy) == []
-    values = copy / packaging.CHART / "values.yaml"
+    generate.write_all(copy)  # independent of whether this checkout is fresh
+    assert generate.stale_files(copy) == []
+    values = copy / generate.CHART / "values.yaml"
     text = values.read_text().replace("resyncSeconds: 60", "resyncSeconds: 30")  # the bundle's args change
     values.write_text(text.replace("# Log at debug level.", "# Log at debug level, loudly."))  # and the schema
-    (copy / packaging.CHART / "crds" / "leftover.yaml").write_text("{}\n")
-    stale = {str(p) for p in packaging.stale_files(copy)}
+    (copy / generate.CHART / "crds" / "leftover.yaml").write_text("{}\n")
+    stale = {str(p) for p in generate.stale_files(copy)}
     assert stale == {"charts/vllm-operator/values.schema.json", "manifests/vllm-operator.yaml",
                      "charts/vllm-operator/crds/leftover.yaml"}
-    packaging.write_all(copy)
-    assert packaging.stale_files(copy) == []
+    generate.write_all(copy)
+    assert generate.stale_files(copy) == []
     assert "--resync-seconds=30" in (copy / "manifests" / "vllm-operator.yaml").read_text()
 
 
 def test_every_values_key_has_a_comment():
-    assert packaging.undocumented_keys((CHART / "values.yaml").read_text()) == []
+    assert generate.undocumented_keys((CHART / "values.yaml").read_text()) == []
 
 
 def test_values_comment_parser():
@@ -100,12 +100,12 @@ items:
 # After a list.
 after: {}
 """
-    docs = packaging.key_docs(text)
+    docs = generate.key_docs(text)
     assert docs[("image",)].description == "The image."
     assert docs[("image", "tag")].description == "Its tag." and docs[("image", "tag")].schema == {"minLength": 1}
     assert docs[("after",)].description == "After a list."
-    assert packaging.undocumented_keys(text) == ["image.noComment"]
-    schema = packaging.values_schema(text)
+    assert generate.undocumented_keys(text) == ["image.noComment"]
+    schema = generate.values_schema(text)
     assert schema["properties"]["image"]["properties"]["tag"] == {"type": "string", "description": "Its tag.",
                                                                    "minLength": 1}
     assert schema["properties"]["items"]["items"] == {"type": "string"}
@@ -123,7 +123,7 @@ after: {}
     ({"rbac": {"create": "yes"}}, False),
 ])
 def test_values_schema_as_helm_validates_it(values, ok):
-    hp = packaging.helm_python()
+    hp = generate.helm_python()
     with hp.Chart.load(str(CHART)) as chart:
         if ok:
             chart.validate_schema(values)
@@ -138,7 +138,7 @@ def test_values_schema_as_helm_validates_it(values, ok):
     "grafanaDashboard": {"enabled": True}}], ids=["defaults", "everything-on"])
 @pytest.mark.parametrize("version", [".".join(map(str, MIN_VERSION)) + ".0", KUBE_VERSION])
 def test_helm_lint_is_clean_from_the_declared_minimum_to_the_test_bed(version, values):
-    report = packaging.helm_python().lint(str(CHART), values, strict=True, kube_version=f"v{version}",
+    report = generate.helm_python().lint(str(CHART), values, strict=True, kube_version=f"v{version}",
                                           namespace="ops")
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
@@ -271,7 +271,7 @@ def test_optional_monitors_and_argocd_configmap():
     assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "vllm",
                                                      "app.kubernetes.io/managed-by": "vllm-operator"}
     (cm,) = by_kind(objects, "ConfigMap")
-    assert cm["data"] == {packaging.ARGOCD_HEALTH_KEY: packaging.LUA_SOURCE.read_text()}
+    assert cm["data"] == {generate.ARGOCD_HEALTH_KEY: generate.LUA_SOURCE.read_text()}
     assert not by_kind(render(), "ServiceMonitor") and not by_kind(render(), "PodMonitor")
 
 
@@ -288,7 +288,7 @@ def test_podmonitor_selects_the_pods_the_operator_builds():
 
 
 def test_bundle_is_the_chart_rendered_plus_namespace_and_crds():
-    objects = packaging.bundle_objects(BUNDLE.read_text())
+    objects = generate.bundle_objects(BUNDLE.read_text())
     assert objects[0] == {"apiVersion": "v1", "kind": "Namespace",
                           "metadata": {"name": "vllm-operator", "labels": {"app.kubernetes.io/name": "vllm-operator"}}}
     crds = by_kind(objects, "CustomResourceDefinition")

@@ -26,13 +26,13 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from vllm_operator import api, packaging
+from vllm_operator import api, generate
 from vllm_operator.controller import reconcile
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yaml"
-CHART = ROOT / packaging.CHART
+CHART = ROOT / generate.CHART
 HEADING = "## Quickstart on a GPU cluster"
 RECORDED = ("helm", "kubectl", "curl", "sleep")
 
@@ -182,7 +182,7 @@ def test_helm_installs_the_chart_the_release_workflow_pushes_at_the_charts_versi
     assert ref == f"{workflow_env()['CHART_REPOSITORY']}/{chart['name']}"
     assert option(oci[0], "--version") == chart["version"]
     (checkout,) = [c for c in installs if c is not oci[0]]
-    assert positional(checkout)[1:3] == [release, str(packaging.CHART)]
+    assert positional(checkout)[1:3] == [release, str(generate.CHART)]
     for c in installs:
         assert option(c, "-n", "--namespace") == "vllm-operator" and "--create-namespace" in c
 
@@ -192,7 +192,7 @@ def test_the_chart_pushed_as_the_release_workflow_does_is_what_the_readme_instal
     standing in for ghcr.io: the README's reference and version pull the checkout's chart back."""
     from e2e.testbed.oci_registry import OciRegistry
 
-    hp = packaging.helm_python()
+    hp = generate.helm_python()
     env = workflow_env()
     (install,) = [c for c in commands if c[:2] == ["helm", "install"] and any(a.startswith("oci://") for a in c)]
     ref, version = positional(install)[2], option(install, "--version")
@@ -207,7 +207,7 @@ def test_the_chart_pushed_as_the_release_workflow_does_is_what_the_readme_instal
         assert hp.RegistryClient(plain_http=True).tags(here(ref)) == [version]
         hp.pull(here(ref), version=version, destination=str(tmp_path / "pulled"), untar=True, plain_http=True)
     pulled = tmp_path / "pulled" / chart_metadata()["name"]
-    assert packaging.render_chart(pulled) == packaging.render_chart(CHART)
+    assert generate.render_chart(pulled) == generate.render_chart(CHART)
     assert yaml.safe_load((pulled / "values.yaml").read_text())["image"]["repository"] == env["IMAGE"]
 
 
@@ -215,7 +215,7 @@ def test_rollout_status_names_the_deployment_the_chart_installs(commands):
     install = next(c for c in commands if c[:2] == ["helm", "install"])
     release, namespace = positional(install)[1], option(install, "-n", "--namespace")
     status = one(commands, "kubectl", "rollout", "status")
-    objects = packaging.render_chart(CHART, release=release, namespace=namespace)
+    objects = generate.render_chart(CHART, release=release, namespace=namespace)
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     assert positional(status)[2] == f"deployment/{deployment['metadata']['name']}"
     assert option(status, "-n", "--namespace") == deployment["metadata"]["namespace"]
@@ -257,7 +257,7 @@ def test_the_example_plans_offline_and_fits(commands):
 def test_kubectl_wait_is_for_the_condition_the_operator_sets_when_a_replica_serves(commands):
     _, example = the_example(commands)
     wait = one(commands, "kubectl", "wait")
-    crd = yaml.safe_load((ROOT / "crds" / packaging.CRD_FILE).read_text())
+    crd = yaml.safe_load((ROOT / "crds" / generate.CRD_FILE).read_text())
     names = crd["spec"]["names"]
     kind, name = positional(wait)[1].split("/")
     assert kind in [names["plural"], names["singular"], *names["shortNames"]]

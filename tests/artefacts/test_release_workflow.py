@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_operator import packaging
+from vllm_operator import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yaml"
-CHART = ROOT / packaging.CHART
+CHART = ROOT / generate.CHART
 #: What the version check step reads (and nothing else of the checkout).
 CHECKED_FILES = ("charts/vllm-operator/Chart.yaml", "charts/vllm-operator/values.yaml", "pyproject.toml",
                  "operator/vllm_operator/__init__.py")
@@ -161,12 +161,12 @@ def test_the_chart_goes_to_an_oci_repository_beside_the_image_under_the_name_hel
     run = step("Package and push the chart")["run"]
     assert "helm package charts/vllm-operator --destination dist" in run
     assert 'helm push "dist/vllm-operator-$VERSION.tgz" "$CHART_REPOSITORY"' in run
-    archive = Path(packaging.helm_python().package(str(CHART), destination=str(tmp_path)))
+    archive = Path(generate.helm_python().package(str(CHART), destination=str(tmp_path)))
     assert archive.name == f"{chart()['name']}-{chart()['version']}.tgz"
 
 
 def test_it_releases_with_the_helm_the_tests_use():
-    assert workflow()["env"]["HELM_VERSION"] == packaging.helm_python().helm_sdk_version()
+    assert workflow()["env"]["HELM_VERSION"] == generate.helm_python().helm_sdk_version()
     assert step("Lint the chart")["run"] == "helm lint --strict charts/vllm-operator"
 
 

@@ -1,4 +1,4 @@
-"""The strategic-merge subset (smp.py) merges as Kubernetes does: compared with `kubectl patch --local
+"""The strategic-merge subset (strategic_merge.py) merges as Kubernetes does: compared with `kubectl patch --local
 --type=strategic` of the test bed's kubectl.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from e2e.testbed.controlplane import KUBECTL
-from vllm_operator import smp
-from tests.unit.test_hatches import POD, PATCHES
+from vllm_operator import strategic_merge
+from tests.unit.test_escape_hatches import POD, PATCHES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,4 +32,4 @@ def kubectl_patch(original: dict[str, Any], patch: dict[str, Any]) -> dict[str, 
 @pytest.mark.skipif(not Path(KUBECTL).exists(), reason="the test bed's kubectl is not built")
 @pytest.mark.parametrize("patch", PATCHES, ids=[str(i) for i in range(len(PATCHES))])
 def test_the_subset_merges_as_kubernetes_does(patch):
-    assert smp.apply(POD, patch) == kubectl_patch(POD, patch)
+    assert strategic_merge.apply(POD, patch) == kubectl_patch(POD, patch)

@@ -62,7 +62,7 @@ def test_schema_carries_enums_ranges_required_and_defaults():
     assert props["gpu"]["properties"]["memory"]["pattern"] == api.QUANTITY_PATTERN
     # the only free-form fields are affinity and the spread constraints, passed through to the pod as they are
     # (the API server checks them when the workload is applied), and the pod template patch's two halves, which
-    # the operator checks on the final template (hatches.py)
+    # the operator checks on the final template (escape_hatches.py)
     free = [p for p, n in _walk(crd.openapi_schema()) if n.get("x-kubernetes-preserve-unknown-fields")]
     assert free == ["$.spec.affinity", "$.spec.topologySpreadConstraints[]", "$.spec.podTemplatePatch.metadata",
                     "$.spec.podTemplatePatch.spec"]

@@ -123,7 +123,7 @@ class ScriptedSource:
 
 
 def test_the_at_max_replicas_gauge_follows_the_decisions_and_survives_a_hold():
-    from vllm_operator import telemetry as metrics
+    from vllm_operator import telemetry
 
     body = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())  # maxReplicas 4
     body["metadata"] = {"name": "s", "namespace": "ns", "uid": "u1", "generation": 1, "resourceVersion": "5"}
@@ -143,7 +143,7 @@ def test_the_at_max_replicas_gauge_follows_the_decisions_and_survives_a_hold():
         source.waiting = waiting
         clock[0] += 5
         result = scaler.tick(json.loads(json.dumps(body)))
-        return result, metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas",
+        return result, telemetry.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas",
                                                          {"namespace": "ns", "name": "s"})
 
     result, gauge = tick(40.0)  # 160 waiting over 4 replicas, target 4: wants 40
@@ -152,7 +152,7 @@ def test_the_at_max_replicas_gauge_follows_the_decisions_and_survives_a_hold():
     assert result.decision.hold and gauge == 1  # a hold does not know better: keeps what was said
     result, gauge = tick(4.0)
     assert not result.decision.limited and gauge == 0
-    metrics.forget_autoscaler("ns", "s")
+    telemetry.forget_autoscaler("ns", "s")
 
 
 def test_the_autoscaler_does_not_import_the_reconciler():

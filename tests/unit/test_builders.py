@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_operator import api, builders, catalog, cli, pipeline, planner
+from vllm_operator import api, builders, catalog, cli, documents, pipeline, planner
 from vllm_operator.planner import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ OWNER = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "
 
 
 def plan_example(path: Path) -> Plan:
-    [doc] = pipeline.load_documents(path.read_text())
+    [doc] = documents.load_documents(path.read_text())
     assert not doc.errors, doc.errors
     s = doc.server
     return pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec)

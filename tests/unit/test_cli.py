@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_operator import cli, pipeline
+from vllm_operator import cli, documents, pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -31,7 +31,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def example_fits(path: Path) -> bool:
-    [doc] = pipeline.load_documents(path.read_text())
+    [doc] = documents.load_documents(path.read_text())
     s = doc.server
     return pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec).fits
 

@@ -1,7 +1,7 @@
 """The escape hatches: extra volumes and containers, and spec.podTemplatePatch checked on the final pod template.
 
-smp.apply is compared with the real strategic merge patch (`kubectl patch --local --type=strategic`, apimachinery's
-code, no server needed) on the cases the subset covers; hatches.problems is checked on what a patch may and may not
+strategic_merge.apply is compared with the real strategic merge patch (`kubectl patch --local --type=strategic`, apimachinery's
+code, no server needed) on the cases the subset covers; escape_hatches.problems is checked on what a patch may and may not
 do (docs/escape-hatches.md).
 """
 
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_operator import api, builders, hatches, pipeline, podsecurity, smp
+from vllm_operator import api, builders, escape_hatches, documents, pipeline, podsecurity, strategic_merge
 from vllm_operator.planner import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ POD = {
     },
 }
 
-#: Patches the subset covers, each applied by smp and by kubectl.
+#: Patches the subset covers, each applied by strategic_merge and by kubectl.
 PATCHES = [
     {"metadata": {"labels": {"extra": "1", "team": None}, "annotations": {"b": "2"}}},
     {"spec": {"containers": [{"name": "vllm", "env": [{"name": "B", "value": "3"}, {"name": "A", "value": "9"}]}]}},
@@ -57,28 +57,28 @@ PATCHES = [
 
 def test_the_original_is_left_alone_and_unsupported_directives_are_refused():
     before = json.dumps(POD, sort_keys=True)
-    smp.apply(POD, PATCHES[1])
+    strategic_merge.apply(POD, PATCHES[1])
     assert json.dumps(POD, sort_keys=True) == before
-    with pytest.raises(smp.PatchError, match=r"spec.\$retainKeys: .*not supported"):
-        smp.apply(POD, {"spec": {"$retainKeys": ["volumes"]}})
-    with pytest.raises(smp.PatchError, match=r"spec.containers\[0\]: each element needs its merge key 'name'"):
-        smp.apply(POD, {"spec": {"containers": [{"image": "x"}]}})
-    with pytest.raises(smp.PatchError, match="appears twice"):
-        smp.apply(POD, {"spec": {"volumes": [{"name": "w", "emptyDir": {}}, {"name": "w", "emptyDir": {}}]}})
-    with pytest.raises(smp.PatchError, match="not a directive"):
-        smp.apply(POD, {"spec": {"$patch": "explode"}})
+    with pytest.raises(strategic_merge.PatchError, match=r"spec.\$retainKeys: .*not supported"):
+        strategic_merge.apply(POD, {"spec": {"$retainKeys": ["volumes"]}})
+    with pytest.raises(strategic_merge.PatchError, match=r"spec.containers\[0\]: each element needs its merge key 'name'"):
+        strategic_merge.apply(POD, {"spec": {"containers": [{"image": "x"}]}})
+    with pytest.raises(strategic_merge.PatchError, match="appears twice"):
+        strategic_merge.apply(POD, {"spec": {"volumes": [{"name": "w", "emptyDir": {}}, {"name": "w", "emptyDir": {}}]}})
+    with pytest.raises(strategic_merge.PatchError, match="not a directive"):
+        strategic_merge.apply(POD, {"spec": {"$patch": "explode"}})
 
 
 def test_a_patch_is_bounded_in_size_and_depth_and_merges_in_linear_time():
-    with pytest.raises(smp.PatchError, match="bytes; at most 65,536"):
-        smp.check_bounds({"metadata": {"annotations": {"a": "x" * 70_000}}}, "p")
+    with pytest.raises(strategic_merge.PatchError, match="bytes; at most 65,536"):
+        strategic_merge.check_bounds({"metadata": {"annotations": {"a": "x" * 70_000}}}, "p")
     deep: dict[str, Any] = {}
     node = deep
     for _ in range(20):
         node["a"] = {}
         node = node["a"]
-    with pytest.raises(smp.PatchError, match="deeper than 16"):
-        smp.check_bounds(deep, "p")
+    with pytest.raises(strategic_merge.PatchError, match="deeper than 16"):
+        strategic_merge.check_bounds(deep, "p")
     # 10 000 list elements on each side, half of them matching: matching each against the others (quadratic) would
     # take 10^8 steps, tens of seconds; linear takes about 0.3 s (bench: 0.7 s for 20 000, 1.9 s for 40 000)
     env = [{"name": f"E{i}", "value": "1"} for i in range(10_000)]
@@ -86,7 +86,7 @@ def test_a_patch_is_bounded_in_size_and_depth_and_merges_in_linear_time():
     patch = {"spec": {"containers": [{"name": "vllm", "env": [{"name": f"E{i}", "value": "2"}
                                                               for i in range(0, 20_000, 2)]}]}}
     start = time.perf_counter()
-    merged = smp.apply(original, patch)
+    merged = strategic_merge.apply(original, patch)
     assert time.perf_counter() - start < 5.0
     assert len(merged["spec"]["containers"][0]["env"]) == 15_000
 
@@ -243,10 +243,10 @@ def test_host_namespaces_the_spec_asks_for_are_not_refused():
 
 def test_every_example_passes_the_final_template_rules():
     for path in sorted((ROOT / "examples").glob("*.yaml")):
-        [doc] = pipeline.load_documents(path.read_text())
+        [doc] = documents.load_documents(path.read_text())
         plan = pipeline.plan_server(doc.server.metadata.name, "ns", doc.server.spec)
         assert plan.fits, (path.name, plan.problems)
-        assert hatches.template_problems(plan) == []
+        assert escape_hatches.template_problems(plan) == []
 
 
 # --------------------------------------------------------------------------- gpu.resourceName
@@ -307,7 +307,7 @@ def test_any_patch_is_refused_naming_a_field_or_builds_a_template_within_the_rul
         return
     base, final = builders.base_pod_template(plain), builders.pod_template(plan)
     assert podsecurity_ok(final["spec"])
-    assert set(hatches.references(final["spec"])) <= set(hatches.references(base["spec"]))
+    assert set(escape_hatches.references(final["spec"])) <= set(escape_hatches.references(base["spec"]))
     vllm = {c["name"]: c for c in final["spec"]["containers"]}["vllm"]
     base_vllm = base["spec"]["containers"][0]
     for key in ("image", "args", "ports", "startupProbe", "livenessProbe", "readinessProbe"):

@@ -28,7 +28,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_operator import api, builders, catalog, pipeline
+from vllm_operator import api, builders, catalog, documents, pipeline
 from vllm_operator.controller.drift import with_hash
 
 MODELS = catalog.known_models()
@@ -295,11 +295,11 @@ OWNER = {"metadata": {"name": "owner", "uid": "00000000-0000-0000-0000-000000000
 def run_pipeline(doc: dict[str, Any]) -> tuple[list[str], Optional[list[dict]], Optional[Any]]:
     """(refusal lines, rendered objects, plan): the way the CLI (load_documents) and the operator (parse_spec) go."""
     text = yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), allow_unicode=True)
-    docs = pipeline.load_documents(text)
+    docs = documents.load_documents(text)
     assert len(docs) == 1
     d = docs[0]
     # The operator's path: the API server hands it the spec as a dict.
-    spec_model, spec_errors = pipeline.parse_spec(doc.get("spec") if isinstance(doc.get("spec"), dict) else {})
+    spec_model, spec_errors = documents.parse_spec(doc.get("spec") if isinstance(doc.get("spec"), dict) else {})
     if d.errors:
         return d.errors, None, None
     assert spec_model is not None and not spec_errors, spec_errors  # both paths agree on the spec

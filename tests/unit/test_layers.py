@@ -27,12 +27,13 @@ PACKAGE = ROOT / "operator" / "vllm_operator"
 #: layer. A part missing here fails test_every_part_has_a_layer: a new module says where it belongs.
 LAYERS: dict[str, str] = {
     "": "core", "api": "core", "catalog": "core", "planner": "core", "validation": "core",
-    "builders": "core", "hatches": "core", "podsecurity": "core", "smp": "core", "conditions": "core",
+    "builders": "core", "escape_hatches": "core", "podsecurity": "core", "strategic_merge": "core",
+    "conditions": "core", "documents": "core",
     "urlpolicy": "core", "vllm_flags": "core", "crd": "core",
     "sources": "sources", "pipeline": "sources", "chattemplate": "sources",
     "kube": "runtime", "telemetry": "runtime", "informers": "runtime", "kopfext": "runtime",
-    "controller": "runtime", "autoscaler": "runtime",
-    "cli": "entry", "operator_main": "entry", "packaging": "entry",
+    "controller": "runtime", "autoscaler": "runtime", "peering": "runtime",
+    "cli": "entry", "operator_main": "entry", "generate": "entry",
 }
 ORDER = ("core", "sources", "runtime", "entry")
 #: Within the runtime, who may import whom (besides itself): the kube client is the base; informers and the kopf
@@ -42,6 +43,7 @@ RUNTIME_EDGES: dict[str, set[str]] = {
     "kube": {"telemetry"},
     "informers": {"kube"},
     "kopfext": {"kube", "telemetry"},
+    "peering": {"kube"},
     "autoscaler": {"kube", "telemetry", "informers"},
     "controller": {"kube", "telemetry", "informers", "autoscaler"},
 }
@@ -50,7 +52,8 @@ NOT_IN_CORE = ("kubernetes", "kopf", "prometheus_client", "aiohttp", "huggingfac
                "urllib.request", "http", "socket", "ssl", "subprocess", "threading", "concurrent")
 #: What `import` of the pure core's entry points may load, run in a fresh interpreter.
 CORE_IMPORTS = ("vllm_operator.api", "vllm_operator.planner", "vllm_operator.builders", "vllm_operator.validation",
-                "vllm_operator.catalog", "vllm_operator.catalog.gpus", "vllm_operator.crd")
+                "vllm_operator.catalog", "vllm_operator.catalog.gpus", "vllm_operator.crd", "vllm_operator.documents",
+                "vllm_operator.escape_hatches")
 
 
 def part_of(module: str) -> str:

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from vllm_operator import telemetry as metrics
+from vllm_operator import telemetry
 from vllm_operator.operator_main import reconcile_result
 from vllm_operator.controller.reconcile import Result
 
@@ -30,30 +30,30 @@ from vllm_operator.controller.reconcile import Result
     ("GET", "/api/v1/namespaces/ns/pods", "", None),
 ])
 def test_api_write_labels(method, path, content_type, expected):
-    assert metrics.api_write_labels(method, path, content_type) == expected
+    assert telemetry.api_write_labels(method, path, content_type) == expected
 
 
 def sample(name: str, labels: dict[str, str]) -> float:
-    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+    return telemetry.REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def test_recording_functions_count():
     before = sample("vllm_operator_scaling_decisions_total", {"namespace": "ns", "name": "a", "direction": "up"})
-    metrics.record_scaling_decision("ns", "a", "up")
+    telemetry.record_scaling_decision("ns", "a", "up")
     assert sample("vllm_operator_scaling_decisions_total",
                   {"namespace": "ns", "name": "a", "direction": "up"}) == before + 1
     with pytest.raises(ValueError):
-        metrics.record_scaling_decision("ns", "a", "sideways")
+        telemetry.record_scaling_decision("ns", "a", "sideways")
     with pytest.raises(ValueError):
-        metrics.record_reconcile("fine", 0.1)
+        telemetry.record_reconcile("fine", 0.1)
     count = sample("vllm_operator_reconcile_duration_seconds_count", {})
-    metrics.record_reconcile("unchanged", 0.02)
+    telemetry.record_reconcile("unchanged", 0.02)
     assert sample("vllm_operator_reconcile_duration_seconds_count", {}) == count + 1
 
 
 def test_every_reconcile_result_is_a_series_before_it_happens():
-    body = metrics.generate_latest(metrics.Metrics(CollectorRegistry()).registry).decode()
-    for result in metrics.RESULTS:
+    body = telemetry.generate_latest(telemetry.Metrics(CollectorRegistry()).registry).decode()
+    for result in telemetry.RESULTS:
         assert f'vllm_operator_reconciles_total{{result="{result}"}}' in body
 
 
@@ -67,7 +67,7 @@ def test_server_gauges_follow_the_reconciles_and_go_with_the_server():
     log = logging.getLogger("test")
 
     def gauges():
-        return tuple(metrics.REGISTRY.get_sample_value(f"vllm_operator_server_{g}", labels)
+        return tuple(telemetry.REGISTRY.get_sample_value(f"vllm_operator_server_{g}", labels)
                      for g in ("ready", "replicas", "ready_replicas"))
 
     op.reconcile(NS, "srv", log)
@@ -91,13 +91,13 @@ def test_at_max_replicas_gauge_mirrors_the_autoscaling_limited_condition():
     assert actuator.at_max_replicas(at_max) and not actuator.at_max_replicas(at_min)
     assert not actuator.at_max_replicas(policy.Decision(2, "r", 1.0))
     labels = {"namespace": "ns", "name": "m"}
-    metrics.record_at_max_replicas("ns", "m", True)
-    assert metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) == 1
-    metrics.record_at_max_replicas("ns", "m", False)
-    assert metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) == 0
-    metrics.forget_autoscaler("ns", "m")
-    metrics.forget_autoscaler("ns", "m")  # twice: no error
-    assert metrics.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) is None
+    telemetry.record_at_max_replicas("ns", "m", True)
+    assert telemetry.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) == 1
+    telemetry.record_at_max_replicas("ns", "m", False)
+    assert telemetry.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) == 0
+    telemetry.forget_autoscaler("ns", "m")
+    telemetry.forget_autoscaler("ns", "m")  # twice: no error
+    assert telemetry.REGISTRY.get_sample_value("vllm_operator_autoscaler_at_max_replicas", labels) is None
 
 
 def test_reconcile_result_labels():
@@ -130,8 +130,8 @@ def loop_thread():
 def test_http_endpoints_follow_the_event_loop_and_the_ready_flag(loop_thread):
     registry = CollectorRegistry()
     Counter("probe_things", "a test counter", registry=registry).inc(3)
-    health = metrics.Health(loop_timeout=0.5)
-    server = metrics.serve(0, health, host="127.0.0.1", registry=registry)
+    health = telemetry.Health(loop_timeout=0.5)
+    server = telemetry.serve(0, health, host="127.0.0.1", registry=registry)
     port = server.server_address[1]
     try:
         assert get(port, "/healthz")[:1] == (200,)  # starting: never killed before kopf runs

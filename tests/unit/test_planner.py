@@ -933,7 +933,7 @@ def test_a_derived_flag_missing_without_a_pin_is_left_to_vllm_with_a_warning():
     p = plan_for(image="vllm/vllm-openai:v0.28.0")
     p.decisions.append(planner.FlagDecision("--max-num-queued-reqs", "600", "derived for the test"))
     p.notes.clear()
-    planner.release_notes(p)
+    planner.check_release_flags(p)
     assert p.fits and "--max-num-queued-reqs" not in planner.engine_args(p)
     assert [n for n in p.notes if n.startswith("warning: vLLM 0.28.0 has no --max-num-queued-reqs: not passed")]
 

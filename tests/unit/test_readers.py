@@ -15,7 +15,7 @@ import pytest
 from e2e.testbed.memory_world import NS, MemoryKube, World
 from tests.unit.test_cache import FakeIndex, child
 from vllm_operator import api, builders, operator_main
-from vllm_operator import telemetry as metrics
+from vllm_operator import telemetry
 from vllm_operator.kube.client import ApiError
 from vllm_operator.controller.reconcile import Reconciler
 from vllm_operator.informers import cache
@@ -201,16 +201,16 @@ def test_the_operator_retries_a_reconcile_that_cannot_read_and_keeps_the_servers
     log = logging.getLogger("test")
     labels = {"namespace": NS, "name": "srv"}
     op.reconcile(NS, "srv", log)
-    assert metrics.REGISTRY.get_sample_value("vllm_operator_server_replicas", labels) == 2
-    errors = metrics.REGISTRY.get_sample_value("vllm_operator_reconcile_errors_total", {"cause": "ReadFailed"}) or 0
+    assert telemetry.REGISTRY.get_sample_value("vllm_operator_server_replicas", labels) == 2
+    errors = telemetry.REGISTRY.get_sample_value("vllm_operator_reconcile_errors_total", {"cause": "ReadFailed"}) or 0
     world.reconciler.reader = Failing()
     with pytest.raises(kopf.TemporaryError) as raised:
         op.reconcile(NS, "srv", log)
     assert raised.value.delay == 3 and "could not be read" in str(raised.value)
-    assert metrics.REGISTRY.get_sample_value("vllm_operator_server_replicas", labels) == 2, "not forgotten as gone"
-    assert metrics.REGISTRY.get_sample_value("vllm_operator_reconcile_errors_total",
+    assert telemetry.REGISTRY.get_sample_value("vllm_operator_server_replicas", labels) == 2, "not forgotten as gone"
+    assert telemetry.REGISTRY.get_sample_value("vllm_operator_reconcile_errors_total",
                                              {"cause": "ReadFailed"}) == errors + 1
-    metrics.forget_server(NS, "srv")
+    telemetry.forget_server(NS, "srv")
 
 
 def test_a_reconciler_built_by_hand_reads_the_api_server():

@@ -16,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_operator import api, builders, pipeline, validation
+from vllm_operator import api, builders, documents, pipeline, validation
 from vllm_operator.validation import CREDENTIAL_FLAGS
 
 from tests.unit.test_fuzz import plausible
@@ -44,7 +44,7 @@ def offline_fetch(url: str) -> dict:
 
 def refusals(doc: dict[str, Any]) -> list[str]:
     """The lines the CLI and the operator would show for `doc` (empty: it renders)."""
-    [d] = pipeline.load_documents(yaml.safe_dump(doc))
+    [d] = documents.load_documents(yaml.safe_dump(doc))
     if d.errors:
         return d.errors
     s = d.server
@@ -54,7 +54,7 @@ def refusals(doc: dict[str, Any]) -> list[str]:
 
 
 def render(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    [d] = pipeline.load_documents(yaml.safe_dump(doc))
+    [d] = documents.load_documents(yaml.safe_dump(doc))
     assert not d.errors, d.errors
     s = d.server
     plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec,
@@ -280,7 +280,7 @@ def test_the_review_catches_what_it_looks_for():
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plausible())
 def test_fuzzed_specs_pass_the_privilege_review(doc):
-    [d] = pipeline.load_documents(yaml.safe_dump(doc, allow_unicode=True))
+    [d] = documents.load_documents(yaml.safe_dump(doc, allow_unicode=True))
     if d.errors:
         return
     s = d.server

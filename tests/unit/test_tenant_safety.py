@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from e2e.testbed.hostile_http import SECRET, HostileServer, Reply, redirect_to, secret_page
-from vllm_operator import api, pipeline
+from vllm_operator import api, documents, pipeline
 from vllm_operator.sources import model_facts
 from vllm_operator.autoscaler import actuator
 from vllm_operator.sources import vllm_metrics as metrics
@@ -359,11 +359,11 @@ def test_a_quantity_out_of_range_is_a_problem_naming_the_field(path, value):
     for key in path[:-1]:
         node = node.setdefault(key, {})
     node[path[-1]] = value
-    spec, errors = pipeline.parse_spec(doc["spec"])  # the operator's way; the current code raised OverflowError,
+    spec, errors = documents.parse_spec(doc["spec"])  # the operator's way; the current code raised OverflowError,
     assert spec is None                              # decimal.Overflow or decimal.InvalidOperation in the planner
     assert [e.split(":", 1)[0] for e in errors] == ["spec." + ".".join(path)]
     assert "out of range" in errors[0]
-    [document] = pipeline.load_documents(yaml.safe_dump(doc))  # the CLI's
+    [document] = documents.load_documents(yaml.safe_dump(doc))  # the CLI's
     assert [e.split(":", 1)[0] for e in document.errors] == ["spec." + ".".join(path)]
 
 
@@ -376,10 +376,10 @@ FLAG_LIKE = [("name", "spec.model.name"), ("servedName", "spec.model.servedName"
 def test_a_value_that_becomes_an_argument_may_not_start_with_a_dash(key, field, value):
     doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
     doc["spec"]["model"][key] = value  # the current code passed "--api-key=stolen" to vLLM as a flag
-    spec, errors = pipeline.parse_spec(doc["spec"])
+    spec, errors = documents.parse_spec(doc["spec"])
     assert spec is None and errors == [f"{field}: must not start with '-': vLLM would read it as a flag "
                                        f"(got {value!r})"]
-    [document] = pipeline.load_documents(yaml.safe_dump(doc))
+    [document] = documents.load_documents(yaml.safe_dump(doc))
     assert document.errors == errors
 
 
@@ -402,4 +402,4 @@ def test_the_crd_refuses_a_leading_dash_too():
         assert model["properties"][key]["pattern"] == "^[^-]"
     doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
     doc["spec"]["model"].update(name="org/a-b--c", servedName="x-", revision="v1.0-rc")
-    assert pipeline.parse_spec(doc["spec"])[1] == []
+    assert documents.parse_spec(doc["spec"])[1] == []

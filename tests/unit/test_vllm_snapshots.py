@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 
-from vllm_operator import api, catalog, pipeline, validation, vllm_flags
+from vllm_operator import api, catalog, documents, pipeline, validation, vllm_flags
 from vllm_operator.planner import Plan
 
 
@@ -38,7 +38,7 @@ def plan_of(spec: dict[str, Any], name: str = "sweep") -> Plan:
 def example_plans() -> list[Plan]:
     plans = []
     for path in EXAMPLES:
-        [doc] = pipeline.load_documents(path.read_text())
+        [doc] = documents.load_documents(path.read_text())
         s = doc.server
         plans.append(pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec))
     return plans

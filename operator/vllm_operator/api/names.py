@@ -227,7 +227,7 @@ FreeForm = Annotated[
 
 
 #: spec.podTemplatePatch: a partial pod template (metadata, spec), kept as written. Its size is bounded by the
-#: API server's request limit and then by the operator (smp.MAX_PATCH_BYTES, smp.MAX_DEPTH).
+#: API server's request limit and then by the operator (strategic_merge.MAX_PATCH_BYTES, strategic_merge.MAX_DEPTH).
 PodTemplatePatch = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "properties": {

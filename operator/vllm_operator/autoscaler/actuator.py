@@ -31,9 +31,9 @@ from typing import Any, Callable, Optional
 
 import kopf
 
-from .. import api, builders, pipeline, validation
+from .. import api, builders, documents, validation
 from ..kube import events
-from .. import telemetry as operator_metrics
+from .. import telemetry
 from ..informers.cache import resource_version
 from ..informers.reader import DirectReader, Reader, controlled_by
 from ..kube.client import Kube
@@ -176,7 +176,7 @@ class Sources:
         self.default_prometheus_url = default_prometheus_url
         #: The prometheusURLs a spec may name (urlpolicy.py); None: any.
         self.urls = urls
-        self.pods = pods or PodsSource(only_wanted=not fixed_reads, on_scrape=operator_metrics.record_scrape)
+        self.pods = pods or PodsSource(only_wanted=not fixed_reads, on_scrape=telemetry.record_scrape)
         #: Every read every intervalSeconds, as before the schedule (READS_ENV=fixed).
         self.fixed_reads = fixed_reads
         #: The fast reads' shared budget (schedule.py, rule 4).
@@ -251,7 +251,7 @@ class Autoscaler:
     def tick(self, body: dict[str, Any]) -> TickResult:
         now = self.clock()
         body = self._fresher(body)
-        spec, errors = pipeline.parse_spec(body.get("spec") or {})
+        spec, errors = documents.parse_spec(body.get("spec") or {})
         if spec is None:
             return self._report(body, None, now, "InvalidSpec", "; ".join(errors))
         a = spec.autoscaling
@@ -304,9 +304,9 @@ class Autoscaler:
 
         result = TickResult(decision=decision, current=current)
         direction = "hold" if decision.desired == current else ("up" if decision.desired > current else "down")
-        operator_metrics.record_scaling_decision(self.namespace, self.name, direction)
+        telemetry.record_scaling_decision(self.namespace, self.name, direction)
         if not decision.hold:  # like AutoscalingLimited, a hold keeps what the last decision said
-            operator_metrics.record_at_max_replicas(self.namespace, self.name, at_max_replicas(decision))
+            telemetry.record_at_max_replicas(self.namespace, self.name, at_max_replicas(decision))
         last_scale = (body.get("status") or {}).get("autoscaling", {}).get("lastScaleTime")
         if decision.desired != current:
             self.kube.apply({"apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -469,7 +469,7 @@ class Context:
                 wait = result.next_read.seconds if result is not None and result.next_read is not None else interval
                 await stopped.wait(max(0.05, wait - (loop.time() - started)))
         finally:
-            operator_metrics.forget_autoscaler(namespace, name)  # no loop, no "at maxReplicas" (nor a stale one)
+            telemetry.forget_autoscaler(namespace, name)  # no loop, no "at maxReplicas" (nor a stale one)
         reason = getattr(stopped, "reason", None)
         if reason is not None and reason & kopf.DaemonStoppingReason.FILTERS_MISMATCH:
             # Autoscaling was switched off (or handed to an HPA/KEDA): its status no longer applies.

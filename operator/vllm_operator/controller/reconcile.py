@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import api, builders, pipeline, planner, podsecurity
+from .. import api, builders, documents, pipeline, planner, podsecurity
 from . import failures, kvcapacity, replan
 from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
 from ..kube import apierrors, events
@@ -271,7 +271,7 @@ class Reconciler:
 
     def _plan(self, run: Pass) -> None:
         """Spec -> plan -> the desired children (hashed), or the errors that keep them from being applied."""
-        spec, run.errors = pipeline.parse_spec(run.body.get("spec") or {})
+        spec, run.errors = documents.parse_spec(run.body.get("spec") or {})
         if spec is None:
             return
         kwargs: dict[str, Any] = {"fetch": self.fetch_config} if self.fetch_config is not None else {}
@@ -341,7 +341,7 @@ class Reconciler:
                                       + " ".join(run.plan.args)))
         progress = workload_progress(workload)
         pods = self.reader.pods(run.namespace, run.name)
-        trouble = self._trouble(run, workload, progress, pods)
+        trouble = self._pod_failure(run, workload, progress, pods)
         self._health_conditions(run, progress, workload, trouble, blocked)
         self._plan_outdated(run)
         serves = not (blocked and workload is None)  # nothing of ours serves: no endpoint to advertise (it may be theirs)
@@ -563,7 +563,7 @@ class Reconciler:
                 run.result.events.append(("Warning", "KEDANotInstalled", cond[2]))
         run.conditions.set("ExternalScaler", *cond)
 
-    def _trouble(self, run: Pass, workload: Optional[dict[str, Any]], progress: dict[str, Any],
+    def _pod_failure(self, run: Pass, workload: Optional[dict[str, Any]], progress: dict[str, Any],
                  pods: list[dict[str, Any]]) -> Optional[failures.Failure]:
         """Why pods do not serve (failures.classify), with the Events of the workload and its pods while a
         replica is missing: a healthy server costs no request."""

@@ -13,8 +13,8 @@ one is applied, a failing one leaves kopf's own behaviour with a warning in the 
 | `diffbase` (persistence.py) | kopf's diff base in memory, not an annotation (no patch per server); the essence built without deep-copying the status and managedFields first (kopf builds it on every event) | 1.45.2, public storage (`settings.persistence.diffbase_storage`) | own storages: nolar/kopf#702 | kopf's annotation is read back as the essence; new, remembered and restarted objects read as kopf needs; the essence equals kopf's build | kopf's `AnnotationsDiffBaseStorage` |
 | `session` (session.py) | kopf's HTTP connections in a bounded pool (login handler) | 1.45.2, public (`kopf.on.login`, `AiohttpSession`) | nolar/kopf#1230 (#909, #1011) | the public names exist | kopf's own login (unbounded pool) |
 
-`peering.py` adapts nothing: it creates kopf's peering objects and gives each replica its
-own priority, through kopf's public arguments. kopf's public settings (watch timeouts,
+HA's peering objects and each replica's priority, made through kopf's public arguments, adapt nothing: they
+are ../peering.py. kopf's public settings (watch timeouts,
 workers, event level, the finalizer's name) stay in operator_main.py's startup handler.
 """
 

@@ -17,7 +17,7 @@ importable from ``vllm_operator.planner``.
 """
 
 from .assumptions import (
-    ASSUMPTIONS, BYTES_PER_WEIGHT, GiB, MiB, PROFILE_TERMS, ProfileTerms, _a, profile_terms,
+    ASSUMPTIONS, BYTES_PER_WEIGHT, GiB, MiB, PROFILE_TERMS, ProfileTerms, assumption, profile_terms,
 )
 from .memory import (
     KVLayout, activation_bytes, dtype_bytes, gib, is_pooling, kv_bytes_per_token, kv_bytes_per_token_per_layer,
@@ -28,19 +28,19 @@ from .plan_types import (
     DEFAULT_PORT, FlagDecision, Memory, Plan, Sizing,
 )
 from .steps import (
-    check, check_queue_cap, engine_args, longest_model_len, min_queue_cap, plan, plan_batch, plan_engine_flags,
+    check_inputs, check_queue_cap, engine_args, longest_model_len, min_queue_cap, plan, plan_batch, plan_engine_flags,
     plan_kv_cache, plan_max_model_len, plan_memory_budget, plan_pod, plan_runner, plan_shutdown,
-    plan_tensor_parallel, plan_weights, profile_notes, release_notes, resolve_gpu_memory, unsafe_overrides,
+    plan_tensor_parallel, plan_weights, profile_notes, check_release_flags, resolve_gpu_memory, unsafe_overrides,
 )
 
 __all__ = [
-    "ASSUMPTIONS", "BYTES_PER_WEIGHT", "GiB", "MiB", "PROFILE_TERMS", "ProfileTerms", "_a", "profile_terms",
+    "ASSUMPTIONS", "BYTES_PER_WEIGHT", "GiB", "MiB", "PROFILE_TERMS", "ProfileTerms", "assumption", "profile_terms",
     "KVLayout", "activation_bytes", "dtype_bytes", "gib", "is_pooling", "kv_bytes_per_token",
     "kv_bytes_per_token_per_layer", "kv_layout", "loads_as_stored", "mm_limits", "non_torch_bytes",
     "rotary_cache_bytes", "tokens_in_flight", "tp_shards_evenly", "valid_tp_sizes", "vision_item",
     "vision_profile_bytes", "weight_bytes", "weights_quantization", "DEFAULT_PORT", "FlagDecision", "Memory",
-    "Plan", "Sizing", "check", "check_queue_cap", "engine_args", "longest_model_len", "min_queue_cap", "plan",
+    "Plan", "Sizing", "check_inputs", "check_queue_cap", "engine_args", "longest_model_len", "min_queue_cap", "plan",
     "plan_batch", "plan_engine_flags", "plan_kv_cache", "plan_max_model_len", "plan_memory_budget", "plan_pod",
-    "plan_runner", "plan_shutdown", "plan_tensor_parallel", "plan_weights", "profile_notes", "release_notes",
+    "plan_runner", "plan_shutdown", "plan_tensor_parallel", "plan_weights", "profile_notes", "check_release_flags",
     "resolve_gpu_memory", "unsafe_overrides",
 ]

@@ -59,7 +59,8 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
 }
 
 
-def _a(name: str) -> float:
+def assumption(name: str) -> float:
+    """The value of one of ASSUMPTIONS (its source is beside it there)."""
     return ASSUMPTIONS[name][0]
 
 

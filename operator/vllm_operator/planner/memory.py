@@ -11,7 +11,7 @@ from typing import Optional
 from ..api import VLLMServerSpec
 from ..catalog import Architecture, ResolvedModel
 from ..validation import PREQUANTIZED
-from .assumptions import BYTES_PER_WEIGHT, GiB, ProfileTerms, _a, profile_terms
+from .assumptions import BYTES_PER_WEIGHT, GiB, ProfileTerms, assumption, profile_terms
 
 
 # --------------------------------------------------------------------------- helpers
@@ -121,13 +121,13 @@ class KVLayout:
 def kv_layout(arch: Architecture, tp: int, kv_dtype: str, elem_bytes: int) -> KVLayout:
     """The model's KVLayout on one GPU: sliding-window layers (arch.sliding_window, sliding_window_layers) in
     their own groups, every other layer full attention; MLA pages from the latent width."""
-    page = int(_a("block_size")) * kv_bytes_per_token_per_layer(arch, tp, kv_dtype, elem_bytes)
+    page = int(assumption("block_size")) * kv_bytes_per_token_per_layer(arch, tp, kv_dtype, elem_bytes)
     sliding = 0
     if arch.sliding_window and not arch.kv_lora_rank:
         sliding = min(arch.num_layers, arch.sliding_window_layers if arch.sliding_window_layers is not None
                       else arch.num_layers)
     return KVLayout(page_bytes=page, full_layers=arch.num_layers - sliding, sliding_layers=sliding,
-                    sliding_window=(arch.sliding_window or 0) if sliding else 0, block_size=int(_a("block_size")))
+                    sliding_window=(arch.sliding_window or 0) if sliding else 0, block_size=int(assumption("block_size")))
 
 
 def tokens_in_flight(batched_tokens: int, terms: Optional[ProfileTerms] = None, pooling: bool = False) -> int:
@@ -150,7 +150,7 @@ def weight_bytes(arch: Architecture, quantization: str, elem_bytes: int) -> int:
         return params * elem_bytes
     embed = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
     embed = min(embed, params)
-    overhead = _a("quant_overhead") if per < 1 else 1.0
+    overhead = assumption("quant_overhead") if per < 1 else 1.0
     return int((params - embed) * per * overhead + embed * elem_bytes)
 
 
@@ -223,7 +223,7 @@ def vision_profile_bytes(arch: Architecture, tp: int, batched_tokens: int, elem_
     if not (tokens and width and inner):
         return 0, 0
     items = max(1, max(batched_tokens, tokens) // tokens)
-    per_patch = (2 * inner / tp + _a("activation_hidden_factor") * width) * elem_bytes
+    per_patch = (2 * inner / tp + assumption("activation_hidden_factor") * width) * elem_bytes
     return int(items * patches * per_patch), items * tokens * arch.hidden_size * elem_bytes
 
 
@@ -237,7 +237,7 @@ def activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_num_s
     not divide them: llm-d's H100 logs show 4.84 GiB for Llama-3.3-70B at TP=2 against 4.76 for Llama-3.1-8B.
     A multimodal model's vision tower runs first; its embeddings are held through the rest (vision_profile_bytes; a
     video item grows with max_model_len)."""
-    per_token = (2 * arch.intermediate_size / tp + _a("activation_hidden_factor") * arch.hidden_size) * elem_bytes
+    per_token = (2 * arch.intermediate_size / tp + assumption("activation_hidden_factor") * arch.hidden_size) * elem_bytes
     forward = batched_tokens * per_token
     language = forward
     if not is_pooling(arch):

@@ -14,7 +14,7 @@ from ..catalog.gpus import GPUSelection, select_gpu
 from ..urlpolicy import URLPolicy
 from ..validation import (OWNED_FLAGS, UNSAFE_FLAGS, Problem, check_spec, flag_check, hardware_problems,
                           image_vllm_version, quantization_problems)
-from .assumptions import GiB, _a, profile_terms
+from .assumptions import GiB, assumption, profile_terms
 from .memory import (
     _round_down, activation_bytes, dtype_bytes, gib, is_pooling, kv_bytes_per_token, kv_layout, loads_as_stored,
     mm_limits, non_torch_bytes, rotary_cache_bytes, tokens_in_flight, tp_shards_evenly, valid_tp_sizes, vision_item,
@@ -55,8 +55,8 @@ def plan(
     notes and problems on the plan, and sizing stops at the first step that finds the server cannot run."""
     p = Plan(name=name, namespace=namespace, spec=spec, model=model,
              prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url, flags=flag_check(spec))
-    check(p, gpu, model_error=model_error, model_error_field=model_error_field,
-          default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args, urls=urls)
+    check_inputs(p, gpu, model_error=model_error, model_error_field=model_error_field,
+                 default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args, urls=urls)
     if model is None or p.gpu_memory is None:
         return p
     s = Sizing(arch=model.complete, elem=dtype_bytes(spec, model),
@@ -72,13 +72,13 @@ def plan(
     plan_engine_flags(p, s)
     plan_pod(p)
     plan_shutdown(p)
-    release_notes(p)
+    check_release_flags(p)
     p.args = engine_args(p)
     return p
 
 
-def check(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[str], model_error_field: str,
-          default_prometheus_url: Optional[str], allow_unsafe_args: bool, urls: Optional[URLPolicy]) -> None:
+def check_inputs(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[str], model_error_field: str,
+                 default_prometheus_url: Optional[str], allow_unsafe_args: bool, urls: Optional[URLPolicy]) -> None:
     """1. The spec's rules (validation.py), the GPU selection and what its hardware rules out, the GPU memory to
     plan with, and the model's facts."""
     spec = p.spec
@@ -121,20 +121,20 @@ def plan_memory_budget(p: Plan, s: Sizing) -> bool:
     assert p.gpu_memory is not None
     total = p.gpu_memory
     reserved = int(parse_quantity(spec.gpu.reserved_memory))
-    s.graphs = 0 if e.enforce_eager or not s.terms.cuda_graphs_in_budget else int(_a("cuda_graph_per_gpu"))
-    outside = _a("cuda_context") + _a("safety_margin")
+    s.graphs = 0 if e.enforce_eager or not s.terms.cuda_graphs_in_budget else int(assumption("cuda_graph_per_gpu"))
+    outside = assumption("cuda_context") + assumption("safety_margin")
     ceiling = (total - reserved - outside) / total
     if e.gpu_memory_utilization is not None:
         util = e.gpu_memory_utilization
         if util > ceiling + 1e-9:
             p.problem("spec.engine.gpuMemoryUtilization", f"{util} asks for {gib(util * total)} of a {gib(total)} GPU, "
-                      f"but reservedMemory ({gib(reserved)}), vLLM's CUDA context ({gib(_a('cuda_context'))}) and a "
-                      f"{gib(_a('safety_margin'))} margin leave {gib(ceiling * total)}: vLLM would refuse to start "
+                      f"but reservedMemory ({gib(reserved)}), vLLM's CUDA context ({gib(assumption('cuda_context'))}) and a "
+                      f"{gib(assumption('safety_margin'))} margin leave {gib(ceiling * total)}: vLLM would refuse to start "
                       f"(free memory below the budget). Use at most {math.floor(ceiling * 100) / 100:.2f}")
         why = "pinned by engine.gpuMemoryUtilization"
     else:
-        util = min(_a("default_utilization"), math.floor(ceiling * 100) / 100)
-        why = (f"vLLM's default {_a('default_utilization')}" if util == _a("default_utilization") else
+        util = min(assumption("default_utilization"), math.floor(ceiling * 100) / 100)
+        why = (f"vLLM's default {assumption('default_utilization')}" if util == assumption("default_utilization") else
                f"leaves {gib(reserved)} reserved + {gib(outside)} for vLLM's CUDA context and a margin free")
     if util <= 0:
         p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM")
@@ -253,14 +253,14 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
                   f"overheads {gib(non_torch + graphs)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
                   f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
         return False
-    block = int(_a("block_size"))
+    block = int(assumption("block_size"))
     layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms, is_pooling(arch))
     model_limit = arch.max_position_embeddings
     # The longest request the pool holds (for all-global attention: every block's tokens), then, once the
     # length is chosen, what vLLM logs for it (sliding-window layers hold only their window of each request).
     p.kv_cache_tokens = (layout.longest_request(kv, in_flight) if layout.full_layers
                          else layout.tokens(kv, model_limit, in_flight))  # every layer slides: no longest request
-    headroom = _a("context_headroom")
+    headroom = assumption("context_headroom")
     fit_limit = _round_down(min(layout.longest_request(kv * headroom, in_flight), headroom * p.kv_cache_tokens), block)
     if arch.encoder_only:  # no KV cache at all: the length is the model's, the memory beyond the forward pass unused
         p.kv_bytes_per_token = p.kv_cache_tokens = 0
@@ -303,7 +303,7 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
                       f"({model_limit} tokens); vLLM refuses it. Use at most {model_limit}")
         elif length > fit_limit:
             p.problem("spec.engine.maxModelLen", f"{length} tokens do not fit the KV cache ({p.kv_cache_tokens} "
-                      f"tokens, {gib(kv)} per GPU) with a {int(100 - _a('context_headroom') * 100)}% margin; the largest "
+                      f"tokens, {gib(kv)} per GPU) with a {int(100 - assumption('context_headroom') * 100)}% margin; the largest "
                       f"length that fits is {fit_limit}. Lower maxModelLen, add GPUs, or use kvCacheDtype: fp8")
         len_why = "pinned by engine.maxModelLen"
     else:
@@ -318,7 +318,7 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
                         else f", which fits the KV cache ({p.kv_cache_tokens} tokens)")
         else:
             len_why = (f"the KV cache holds {p.kv_cache_tokens} tokens; {length} keeps a "
-                       f"{int(100 - _a('context_headroom') * 100)}% margin (wanted {requested})")
+                       f"{int(100 - assumption('context_headroom') * 100)}% margin (wanted {requested})")
             if prof.max_context_tokens:
                 p.notes.append(f"warning: maxContextTokens {requested} does not fit; serving at most {length} tokens. "
                                "Add GPUs or set engine.kvCacheDtype: fp8 to serve the full context")
@@ -407,8 +407,8 @@ def plan_pod(p: Plan) -> None:
         p.notes.append("ipc: Host: NCCL uses the host's shared memory (the pod gets hostIPC: true)")
     p.host_memory_bytes = max(8 * GiB, math.ceil((p.weight_bytes_total / 2 + 4 * GiB) / GiB) * GiB)
     p.cpu_request = max(4, 2 * tp + 2)
-    p.startup_seconds = int(max(_a("startup_floor_seconds"),
-                                p.weight_bytes_total / _a("load_bandwidth") + _a("engine_init_seconds")))
+    p.startup_seconds = int(max(assumption("startup_floor_seconds"),
+                                p.weight_bytes_total / assumption("load_bandwidth") + assumption("engine_init_seconds")))
     if spec.startup_seconds is not None:
         p.notes.append(f"startup probe budget {spec.startup_seconds} s from spec.startupSeconds (derived: "
                        f"{p.startup_seconds} s)")
@@ -419,10 +419,10 @@ def plan_pod(p: Plan) -> None:
                        f"reading {gib(p.weight_bytes_total)} from the cache and the engine's start")
     else:
         p.notes.append(f"vLLM downloads or reads the weights itself: the startup probe's {p.startup_seconds} s cover "
-                       f"{gib(p.weight_bytes_total)} at {_a('load_bandwidth') / 1e6:.0f} MB/s and the engine's start")
+                       f"{gib(p.weight_bytes_total)} at {assumption('load_bandwidth') / 1e6:.0f} MB/s and the engine's start")
 
 
-def release_notes(p: Plan) -> None:
+def check_release_flags(p: Plan) -> None:
     """11. What the image's vLLM release means for the args: the loose check's warning, and each flag the plan would
     emit that the release's parser lacks. engine_args leaves such a flag out (vLLM would exit with code 2 on it);
     when the spec asked for it (a pinned value) that is a problem naming the field, the flag and the release,
@@ -507,7 +507,7 @@ def plan_shutdown(p: Plan) -> None:
     in-flight ones finish, up to the timeout), then vLLM's teardown; terminationGracePeriodSeconds covers all
     three, so the kubelet's SIGKILL never cuts a drain short."""
     e, prof = p.spec.engine, p.spec.workload_profile
-    speed = _a("drain_tokens_per_second")
+    speed = assumption("drain_tokens_per_second")
     if e.shutdown_timeout_seconds is not None:
         p.drain_seconds, why = e.shutdown_timeout_seconds, "pinned by engine.shutdownTimeoutSeconds"
         if e.shutdown_timeout_seconds == 0:
@@ -516,7 +516,7 @@ def plan_shutdown(p: Plan) -> None:
         tokens = prof.p95_output_tokens or 512
         source = "workloadProfile.p95OutputTokens" if prof.p95_output_tokens else "an assumed p95 output"
         needed = math.ceil(tokens / speed)
-        floor, ceiling = int(_a("drain_floor_seconds")), int(_a("drain_ceiling_seconds"))
+        floor, ceiling = int(assumption("drain_floor_seconds")), int(assumption("drain_ceiling_seconds"))
         p.drain_seconds = min(ceiling, max(floor, needed))
         clipped = (f", raised to the {floor} s floor" if needed < floor else
                    f", cut to the {ceiling} s ceiling" if needed > ceiling else "")
@@ -524,8 +524,8 @@ def plan_shutdown(p: Plan) -> None:
                "before SIGTERM finishes instead of being aborted")
     p.decisions.append(FlagDecision("--shutdown-timeout", str(p.drain_seconds), why,
                                 pinned=e.shutdown_timeout_seconds is not None))
-    p.prestop_seconds = int(_a("prestop_seconds"))
-    margin = int(_a("shutdown_margin_seconds"))
+    p.prestop_seconds = int(assumption("prestop_seconds"))
+    margin = int(assumption("shutdown_margin_seconds"))
     p.termination_grace_seconds = p.prestop_seconds + p.drain_seconds + margin
     p.notes.append(f"terminationGracePeriodSeconds {p.termination_grace_seconds} = preStop sleep {p.prestop_seconds} s "
                    f"(the pod leaves the Services' endpoints while vLLM still serves) + --shutdown-timeout "
@@ -554,7 +554,7 @@ def unsafe_overrides(p: Plan) -> None:
 
 def engine_args(p: Plan) -> list[str]:
     """The container args after `vllm serve`: model first, then flags in a stable order; only flags the image's
-    vLLM release has (release_notes says what was left out), extraArgs as they are."""
+    vLLM release has (check_release_flags says what was left out), extraArgs as they are."""
     spec = p.spec
     known = (p.flags.snapshot if p.flags is not None else vllm_flags.snapshot()).flags
     args = [spec.model.name]
