@@ -15,6 +15,7 @@ functions too, so a lazy import cannot hide an edge.
 from __future__ import annotations
 
 import ast
+import re
 import json
 import subprocess
 import sys
@@ -191,3 +192,12 @@ def test_importing_the_pure_core_loads_no_runtime_and_registers_no_metric():
     assert not [m for m in loaded if any(m == lib or m.startswith(lib + ".") for lib in NOT_IN_CORE
                                          if lib not in ("http", "socket", "ssl", "threading", "concurrent"))]
     assert registered == []
+
+
+def test_the_architecture_page_shows_this_table():
+    """docs/architecture.md's import table is this file's LAYERS and RUNTIME_EDGES, row for row."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| (core|sources|runtime|entry) \| (.*?) *\|$", text, flags=re.M)
+    assert {part: layer for part, layer, _ in rows} == {p: layer for p, layer in LAYERS.items() if p}
+    assert {part: set(re.findall(r"`(\w+)`", edges)) for part, layer, edges in rows if layer == "runtime"} == \
+        RUNTIME_EDGES

@@ -1,8 +1,9 @@
 """A thin typed-free layer over the Kubernetes REST API: server-side apply, get, list, delete, events.
 
 Plain dicts in and out (the builders' output is sent as is), through the official
-client's ApiClient for auth and TLS. Only the reconciler and the autoscaler's actuator
-use it: everything before them is pure.
+client's ApiClient for auth and TLS. The base of the runtime: the reconciler, the autoscaler's
+actuator, the informers and peering use it; the pure core and the sources never do
+(docs/architecture.md).
 """
 
 from __future__ import annotations
