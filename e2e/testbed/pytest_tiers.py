@@ -85,3 +85,20 @@ def check(item: pytest.Item, tier: str) -> None:
     if heavier:
         pytest.fail(f"{item.nodeid} asks for a fixture of the {heavier[-1]} tier: move it to {folder(heavier[-1])}",
                     pytrace=False)
+
+
+def hooks(tier: str, here: str) -> tuple[Any, Any, Any]:
+    """A tier folder's conftest hooks and its guard fixture (assign them to the names pytest looks for):
+    `pytest_collection_modifyitems, pytest_runtest_setup, _stays_in_its_tier = hooks("unit", __file__)`."""
+
+    def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+        claim(items, here, tier)
+
+    def pytest_runtest_setup(item: pytest.Item) -> None:
+        check(item, tier)
+
+    @pytest.fixture(autouse=True)
+    def _stays_in_its_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+        refuse_processes(monkeypatch, tier)
+
+    return pytest_collection_modifyitems, pytest_runtest_setup, _stays_in_its_tier

@@ -1,21 +1,6 @@
 """The unit tier (e2e/testbed/pytest_tiers.py): every test here is marked `unit`, and one that asks for or starts
 what a heavier tier needs fails."""
 
-import pytest
-
 from e2e.testbed import pytest_tiers
 
-TIER = "unit"
-
-
-def pytest_collection_modifyitems(items):
-    pytest_tiers.claim(items, __file__, TIER)
-
-
-def pytest_runtest_setup(item):
-    pytest_tiers.check(item, TIER)
-
-
-@pytest.fixture(autouse=True)
-def _stays_in_its_tier(monkeypatch):
-    pytest_tiers.refuse_processes(monkeypatch, TIER)
+pytest_collection_modifyitems, pytest_runtest_setup, _stays_in_its_tier = pytest_tiers.hooks("unit", __file__)
