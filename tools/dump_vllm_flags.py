@@ -38,14 +38,19 @@ TARGET_DIR = ROOT / "operator" / "vllm_operator" / vllm_flags.SNAPSHOT_DIR
 ARGCHECK = ROOT / "e2e" / "testbed" / "vllm_argcheck.py"
 
 #: The releases with a snapshot, but the default (read from the venv), and the sha256 of the PyPI wheel each is
-#: read from (vllm-X-cp38-abi3-manylinux_2_28_x86_64.whl): the latest patch of each minor release from 0.28.
+#: read from (vllm-X-cp38-abi3-manylinux_2_28_x86_64.whl): the latest patch of each minor release from 0.28, and 0.26.0
+#: (the release bench/gpu measured on an H200: its wheel pins that machine's torch 2.11).
 WHEELS: dict[str, str] = {
+    "0.26.0": "adb1e4c9b46d0dfdb094121ae5aad670a42412dd813ed4e5db069ed6a15006de",
     "0.28.0": "addb0ffdaafd8155d75e9b3f5ddb3da28fdee9e8a7097ede91f7db2e9e1a3889",
     "0.29.0": "09d48617fc2be9c6cdcd5db480651ab0d84817b257204f2cc2e3ecbb70bbb635",
     "0.30.0": "ef52ee58c410ead0b8afb190838fa4cbcb52075596f67862a03859d984966ac4",
     "0.31.0": "39132b433967f0962d03d8a5f633b9bee6b32708f566c7d5637b79f8d0ef3433",
     "0.33.0": "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
 }
+#: Releases that find their platform by the installed distribution's version alone (platforms.cpu_platform_plugin:
+#: "cpu" in version("vllm")), not VLLM_TARGET_DEVICE: their unpacked copy's METADATA gets a "+cpu" local label.
+CPU_BY_VERSION = {"0.26.0"}
 #: Dependencies a release imports that the default release's venv does not have (from its wheel's METADATA).
 EXTRA_DEPS: dict[str, list[str]] = {"0.33.0": ["orjson==3.13.0"]}
 
@@ -86,6 +91,10 @@ def source_tree(release: str) -> tuple[Path, str]:
         tree.mkdir(parents=True)
         with zipfile.ZipFile(whl) as z:
             z.extractall(tree, [n for n in z.namelist() if not n.endswith(".so") and ".so." not in n])
+        if release in CPU_BY_VERSION:
+            for metadata in tree.glob("vllm-*.dist-info/METADATA"):
+                text = metadata.read_text()
+                metadata.write_text(text.replace(f"\nVersion: {release}\n", f"\nVersion: {release}+cpu\n", 1))
         deps = EXTRA_DEPS.get(release, [])
         if deps:
             subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--only-binary=:all:",

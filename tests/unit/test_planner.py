@@ -862,7 +862,7 @@ def test_the_vllm_release_an_image_names(image, version):
     ("registry.corp/vllm-openai:v0.33.0@sha256:" + "ab" * 32, "0.33.0", True),
     # no snapshot of its own: the latest one not newer, else the oldest; loose
     ("vllm/vllm-openai:v0.32.1", "0.32.0", False), ("vllm/vllm-openai:v0.33.0rc1", "0.32.0", False),
-    ("vllm/vllm-openai:v0.35.1", "0.33.0", False), ("vllm/vllm-openai:v0.27.1", "0.28.0", False),
+    ("vllm/vllm-openai:v0.35.1", "0.33.0", False), ("vllm/vllm-openai:v0.27.1", "0.26.0", False),
     ("vllm/vllm-openai:latest", vllm_flags.VERSION, False),
 ])
 def test_the_image_release_chooses_the_flag_snapshot(image, snapshot, exact):

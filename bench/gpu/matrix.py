@@ -1,0 +1,101 @@
+"""The matrix of GPU rows (bench/gpu/README.md): sizing rows that start `vllm.LLM` once each, and serve rows that run
+the operator's own pod args (render.py). Written to matrix.json in the order they run: when the device time runs
+out, the rows at the end are the ones left.
+
+Usage: python -m bench.gpu.matrix OUT_JSON [SERVE_JSON]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+#: vLLM's `vllm serve` defaults on a GPU of 70 GiB or more (the LLM class alone uses others): pinned on every row.
+SERVE_DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9}
+
+
+def row(rid: str, model: str, fast: bool = True, **args: Any) -> dict[str, Any]:
+    return {"id": rid, "kind": "llm", "model": model, "args": {**SERVE_DEFAULTS, **args}, "fast": fast,
+            "timeout_s": 300 if fast else 420, "min_s": 45 if fast else 90}
+
+
+ROWS = [
+    # dense, Model Runner V2 (CUDA graphs captured on top of the budget in 0.26)
+    row("d01-qwen2.5-0.5b", "qwen2.5-0.5b", max_model_len=32768),
+    row("d02-llama-3.1-8b", "llama-3.1-8b", max_model_len=131072),
+    row("d03-qwen2.5-7b", "qwen2.5-7b", max_model_len=32768),
+    row("m01-qwen3-30b-a3b", "qwen3-30b-a3b", max_model_len=40960),
+    row("d04-llama-3.1-8b-u95-4k", "llama-3.1-8b", gpu_memory_utilization=0.95, max_model_len=4096, max_num_seqs=256,
+        max_num_batched_tokens=2048),
+    row("d05-llama-3.1-8b-seqs64", "llama-3.1-8b", max_model_len=16384, max_num_seqs=64, max_num_batched_tokens=16384),
+    row("d06-llama-3.1-8b-eager", "llama-3.1-8b", max_model_len=32768, enforce_eager=True),
+    row("d07-llama-3.1-8b-kvfp8", "llama-3.1-8b", max_model_len=65536, kv_cache_dtype="fp8"),
+    row("d08-qwen3-0.6b-u50", "qwen3-0.6b", gpu_memory_utilization=0.5, max_model_len=40960),
+    row("d09-llama-3.2-3b-u70", "llama-3.2-3b", gpu_memory_utilization=0.7, max_model_len=131072),
+    row("d10-qwen2.5-14b", "qwen2.5-14b", max_model_len=32768),
+    row("d11-qwen3-32b", "qwen3-32b", max_model_len=32768),
+    row("d12-qwen3-8b-seqs512", "qwen3-8b", gpu_memory_utilization=0.8, max_model_len=32768, max_num_seqs=512,
+        max_num_batched_tokens=4096),
+    row("d13-llama-3.1-70b-fp8", "llama-3.1-70b", gpu_memory_utilization=0.95, max_model_len=32768, quantization="fp8"),
+    row("d14-qwen2.5-72b-fp8-kvfp8", "qwen2.5-72b", gpu_memory_utilization=0.95, max_model_len=16384,
+        quantization="fp8", kv_cache_dtype="fp8"),
+    row("d15-mistral-small-24b", "mistral-small-24b", max_model_len=32768),
+    # mixture of experts (Model Runner V1: CUDA graphs estimated inside the budget)
+    row("m02-mixtral-8x7b", "mixtral-8x7b", max_model_len=32768),
+    row("m03-qwen3-30b-a3b-u60", "qwen3-30b-a3b", gpu_memory_utilization=0.6, max_model_len=16384, max_num_seqs=256,
+        max_num_batched_tokens=4096),
+    row("m04-gpt-oss-20b", "gpt-oss-20b", max_model_len=131072),
+    # sliding windows and hybrids
+    row("s01-gemma-2-9b", "gemma-2-9b", max_model_len=8192),
+    row("s02-gemma-3-1b-u50", "gemma-3-1b", gpu_memory_utilization=0.5, max_model_len=32768),
+    row("s03-mistral-7b-v0.1", "mistral-7b-v0.1", max_model_len=32768),
+    row("s04-gemma-2-27b", "gemma-2-27b", max_model_len=8192),
+    # pre-quantized checkpoints (as config.json says)
+    row("q01-qwen2.5-7b-awq", "qwen2.5-7b-awq", max_model_len=32768),
+    row("q02-llama-3.1-8b-fp8-ct", "llama-3.1-8b-fp8-ct", max_model_len=131072),
+    row("q03-qwen2.5-7b-gptq-u85", "qwen2.5-7b-gptq", gpu_memory_utilization=0.85, max_model_len=32768),
+    row("q04-qwen2.5-32b-awq", "qwen2.5-32b-awq", max_model_len=32768),
+    # a vision-language model, a pooling model
+    row("v01-qwen2.5-vl-7b", "qwen2.5-vl-7b", max_model_len=32768),
+    row("p01-gte-qwen2-7b-pooling", "gte-qwen2-7b", max_model_len=32768, max_num_batched_tokens=32768,
+        runner="pooling"),
+    # what vLLM refuses
+    row("x01-llama-3.1-70b-bf16", "llama-3.1-70b", gpu_memory_utilization=0.95, max_model_len=8192),
+    row("x02-qwen2.5-32b-u50", "qwen2.5-32b", gpu_memory_utilization=0.5, max_model_len=32768),
+    row("x03-llama-3.1-8b-u20-128k", "llama-3.1-8b", gpu_memory_utilization=0.2, max_model_len=131072),
+    row("x04-llama-3.1-8b-len-over-model", "llama-3.1-8b", max_model_len=262144),
+    row("x05-llama-3.2-1b-batch-below-seqs", "llama-3.2-1b", max_model_len=8192, max_num_batched_tokens=512),
+    # more of the same kinds, if the time allows
+    row("d16-qwen2.5-32b-u92", "qwen2.5-32b", gpu_memory_utilization=0.92, max_model_len=32768, max_num_seqs=256),
+    row("d17-llama-3.2-1b", "llama-3.2-1b", max_model_len=131072),
+    row("d18-qwen2.5-3b-u60", "qwen2.5-3b", gpu_memory_utilization=0.6, max_model_len=32768),
+    row("d19-mistral-7b-v0.3", "mistral-7b-v0.3", max_model_len=32768),
+]
+
+
+def main(out: str, serve: str | None = None) -> int:
+    rows = list(ROWS)
+    if serve:
+        # The pods (their full starts capture CUDA graphs: the graph rows) spread among the sizing rows, so that a
+        # budget that runs out leaves some of each kind.
+        served = {r["id"]: r for r in json.load(open(serve))}
+        order = ["e-llama-8b-single-gpu", "own-qwen3-30b-a3b", "e-qwen-32b-awq", "e-qwen-7b-daemonset",
+                 "e-llama-3b-autoscaled", "own-llama-70b-fp8", "e-llama-8b-sidecar-patch"]
+        at = [2, 4, 10, 16, 22, 28, 34]
+        for position, rid in sorted(zip(at, order), reverse=True):
+            rows.insert(position, served.pop(rid))
+        rows += list(served.values())
+    # the refusals vLLM finds while it checks its config cost seconds: first; the ones after profiling mid-way
+    quick = [r for r in rows if r["id"].startswith(("x04", "x05"))]
+    late = [r for r in rows if r["id"].startswith(("x01", "x02", "x03"))]
+    rows = [r for r in rows if r not in quick and r not in late]
+    rows = quick + rows[:14] + late + rows[14:]
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids))
+    json.dump(rows, open(out, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
