@@ -21,7 +21,7 @@ from .assumptions import (
 )
 from .memory import (
     KVLayout, activation_bytes, dtype_bytes, gib, is_pooling, kv_bytes_per_token, kv_bytes_per_token_per_layer,
-    kv_layout, loads_as_stored, mm_limits, non_torch_bytes, rotary_cache_bytes, tokens_in_flight,
+    kv_layout, loads_as_stored, mm_limits, non_torch_bytes, rotary_cache_bytes, runs_v2, tokens_in_flight,
     tp_shards_evenly, valid_tp_sizes, vision_item, vision_profile_bytes, weight_bytes, weights_quantization,
 )
 from .plan_types import (
@@ -37,7 +37,7 @@ __all__ = [
     "ASSUMPTIONS", "BYTES_PER_WEIGHT", "GiB", "MiB", "PROFILE_TERMS", "ProfileTerms", "assumption", "profile_terms",
     "KVLayout", "activation_bytes", "dtype_bytes", "gib", "is_pooling", "kv_bytes_per_token",
     "kv_bytes_per_token_per_layer", "kv_layout", "loads_as_stored", "mm_limits", "non_torch_bytes",
-    "rotary_cache_bytes", "tokens_in_flight", "tp_shards_evenly", "valid_tp_sizes", "vision_item",
+    "rotary_cache_bytes", "runs_v2", "tokens_in_flight", "tp_shards_evenly", "valid_tp_sizes", "vision_item",
     "vision_profile_bytes", "weight_bytes", "weights_quantization", "DEFAULT_PORT", "FlagDecision", "Memory",
     "Plan", "Sizing", "check_inputs", "check_queue_cap", "engine_args", "longest_model_len", "min_queue_cap", "plan",
     "plan_batch", "plan_engine_flags", "plan_kv_cache", "plan_max_model_len", "plan_memory_budget", "plan_pod",

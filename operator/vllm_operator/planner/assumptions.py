@@ -85,6 +85,15 @@ class ProfileTerms:
     """Batches in flight at once (VllmConfig.max_concurrent_batches): a sliding-window layer keeps their
     tokens beside its window (SlidingWindowSpec.max_admission_blocks_per_request)."""
     source: str
+    v2_runner: bool = False
+    """Whether a generative model that is not a mixture of experts runs on Model Runner V2 with V2's profile
+    (vllm 0.26: config/vllm.py _is_default_v2_model_runner_model): no CUDA-graph estimate taken from the budget
+    (gpu/model_runner.profile_cudagraph_memory returns 0: the graphs are captured on top of it), and a peak of the
+    larger of the forward pass and one vocabulary x hidden matrix plus `v2_peak_margin` (runs_v2, activation_bytes)."""
+    v2_peak_margin: float = 0.0
+    """What V2's measured peak adds to that larger term, bytes."""
+    graphs_in_budget: float = 0.75 * GiB
+    """The CUDA-graph estimate taken from the budget where it is (cuda_graphs_in_budget and not V2), bytes."""
     videos_profiled: bool = True
     """Whether the multimodal profile takes a video as long as max_model_len allows when it is larger than an image
     (MultiModalBudget asks the processor for one item of each modality: 0.32's source). Assumed from 0.10 on (a
@@ -123,6 +132,21 @@ PROFILE_TERMS: tuple[ProfileTerms, ...] = (
         source="vLLM 0.21 profiles the CUDA-graph pool before the KV cache and takes it out of the budget "
                "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default; eugr/spark-vllm-docker#396 on 0.29: "
                "'the CUDA-graph memory profiling (default since v0.21)')"),
+    ProfileTerms(
+        since=(0, 26), logits_bytes=39, non_torch=0.24 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
+        concurrent_batches=2, v2_runner=True, v2_peak_margin=0.13 * GiB, graphs_in_budget=0.5 * GiB,
+        source="vLLM 0.26.0 on an H200 (tests/data/gpu, bench/gpu; docs/sizing.md 'vLLM 0.26.0 on an H200'): dense "
+               "models run on Model Runner V2, whose profile_cudagraph_memory returns 0 (graphs captured after the KV "
+               "cache: 0.15 GiB for Llama-3.1-8B at 20 sequences) and whose peak is max(forward pass, vocabulary x "
+               "hidden) + 0.13 GiB on a cold torch.compile (Llama-3.1-8B 1.104 GiB, Gemma 2 9B 1.818, Qwen2.5-0.5B "
+               "0.355); mixtures of experts run on V1, which estimates 0.45-0.49 GiB of graphs inside the budget "
+               "(Qwen3-30B-A3B) and peaks below the 39-byte sampler term; non-torch 0.225 (V2) and 0.240 GiB (V1); "
+               "'Asynchronous scheduling is enabled': two batches in flight (Mistral-7B-v0.1's window reproduces to "
+               "10 tokens in 1,455,912). TP overhead not measured (one GPU)"),
+    ProfileTerms(
+        since=(0, 28), logits_bytes=39, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
+        concurrent_batches=1,
+        source="0.28-0.31: not measured (each pins a newer torch than the GPU machine has); the 0.21 terms kept"),
     ProfileTerms(
         since=(0, 32), logits_bytes=39, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
         concurrent_batches=2,

@@ -227,6 +227,13 @@ def vision_profile_bytes(arch: Architecture, tp: int, batched_tokens: int, elem_
     return int(items * patches * per_patch), items * tokens * arch.hidden_size * elem_bytes
 
 
+def runs_v2(arch: Architecture, terms: Optional[ProfileTerms] = None) -> bool:
+    """The release serves the model on Model Runner V2 with V2's memory profile (ProfileTerms.v2_runner): a
+    generative model that is not a mixture of experts (vLLM 0.26 config/vllm.py _is_default_v2_model_runner_model;
+    pooling and MoE models run on V1)."""
+    return (terms or profile_terms()).v2_runner and not arch.num_experts and not is_pooling(arch)
+
+
 def activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_num_seqs: int, elem_bytes: int,
                      terms: Optional[ProfileTerms] = None, max_model_len: Optional[int] = None,
                      limits: Optional[dict[str, int]] = None) -> int:
@@ -240,7 +247,12 @@ def activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_num_s
     per_token = (2 * arch.intermediate_size / tp + assumption("activation_hidden_factor") * arch.hidden_size) * elem_bytes
     forward = batched_tokens * per_token
     language = forward
-    if not is_pooling(arch):
+    terms = terms or profile_terms()
+    if runs_v2(arch, terms):
+        # V2's profile: its sampler skips top-k/top-p; a cold torch.compile holds one vocabulary x hidden matrix
+        # (the embedding's size) at its peak, which is larger than the forward pass for small batches
+        language = max(forward, arch.vocab_size * arch.hidden_size / tp * elem_bytes) + terms.v2_peak_margin
+    elif not is_pooling(arch):
         rows = min(max_num_seqs, batched_tokens)
         logits = (terms or profile_terms()).logits_bytes
         sampler = rows * arch.vocab_size * logits + batched_tokens * arch.hidden_size * elem_bytes

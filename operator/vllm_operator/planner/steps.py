@@ -17,7 +17,7 @@ from ..validation import (OWNED_FLAGS, UNSAFE_FLAGS, Problem, check_spec, flag_c
 from .assumptions import GiB, assumption, profile_terms
 from .memory import (
     _round_down, activation_bytes, dtype_bytes, gib, is_pooling, kv_bytes_per_token, kv_layout, loads_as_stored,
-    mm_limits, non_torch_bytes, rotary_cache_bytes, tokens_in_flight, tp_shards_evenly, valid_tp_sizes, vision_item,
+    mm_limits, non_torch_bytes, rotary_cache_bytes, runs_v2, tokens_in_flight, tp_shards_evenly, valid_tp_sizes, vision_item,
     vision_profile_bytes, weight_bytes, weights_quantization,
 )
 from .plan_types import DEFAULT_PORT, FlagDecision, Memory, Plan, Sizing
@@ -121,9 +121,17 @@ def plan_memory_budget(p: Plan, s: Sizing) -> bool:
     assert p.gpu_memory is not None
     total = p.gpu_memory
     reserved = int(parse_quantity(spec.gpu.reserved_memory))
-    s.graphs = 0 if e.enforce_eager or not s.terms.cuda_graphs_in_budget else int(assumption("cuda_graph_per_gpu"))
-    outside = assumption("cuda_context") + assumption("safety_margin")
+    in_budget = s.terms.cuda_graphs_in_budget and not runs_v2(s.arch, s.terms)
+    s.graphs = 0 if e.enforce_eager or not in_budget else int(s.terms.graphs_in_budget)
+    # V2 captures its graphs after the KV cache, outside the budget: they must fit beside the CUDA context
+    graphs_outside = s.terms.graphs_in_budget if runs_v2(s.arch, s.terms) and not e.enforce_eager else 0
+    outside = assumption("cuda_context") + assumption("safety_margin") + graphs_outside
     ceiling = (total - reserved - outside) / total
+    if graphs_outside:
+        p.notes.append("Model Runner V2 captures its CUDA graphs after the KV cache, on top of "
+                       "--gpu-memory-utilization: the server uses the budget plus the graphs (0.15 GiB for an 8B model "
+                       f"on an H200) plus vLLM's CUDA context ({gib(assumption('cuda_context'))}): the derived utilization leaves "
+                       f"{gib(graphs_outside)} for the graphs outside it besides the context and the margin")
     if e.gpu_memory_utilization is not None:
         util = e.gpu_memory_utilization
         if util > ceiling + 1e-9:
