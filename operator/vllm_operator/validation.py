@@ -58,6 +58,68 @@ KNOWN_BAD_FLAGS: dict[str, str] = {
     "--gpu-memory-utilization-gpu0": "does not exist; use engine.gpuMemoryUtilization (one value for all GPUs)",
 }
 
+_NOT_PLANNED = "the plan (and the pod's GPU count and memory) does not count it"
+#: Flags that change how many GPUs vLLM needs or how much memory it takes, which the planner does not size: in
+#: extraArgs, `plan` would say "fits" for a pod that waits for GPUs it lacks or runs out of memory. Refused with
+#: the reason and the field to use; one place for the wording (the planner may come to size some of them).
+CAPACITY_FLAGS: dict[str, str] = {
+    "--pipeline-parallel-size": "multiplies the GPUs vLLM needs (pipeline x tensor ranks) while the pod gets "
+                                "spec.gpu.count GPUs: vLLM would wait for ranks that never come. Set spec.gpu.count "
+                                "(the operator derives --tensor-parallel-size from it); pipeline parallelism is not "
+                                "supported through extraArgs",
+    "--data-parallel-size": "runs that many engines, each on its own GPUs, while the pod gets spec.gpu.count GPUs. "
+                            "Scale with spec.replicas or spec.autoscaling instead; data parallelism is not supported "
+                            "through extraArgs",
+    "--data-parallel-size-local": "runs that many engines in the pod, each on its own GPUs, while the pod gets "
+                                  "spec.gpu.count GPUs. Scale with spec.replicas or spec.autoscaling instead",
+    "--decode-context-parallel-size": "splits the KV cache over ranks the plan does not size; "
+                                      "context parallelism is not supported through extraArgs",
+    "--prefill-context-parallel-size": "adds ranks (and GPUs) the pod does not get; context parallelism is not "
+                                       "supported through extraArgs",
+    "--enable-lora": f"reserves GPU memory for LoRA adapters (max-loras x max-lora-rank per layer): {_NOT_PLANNED}. "
+                     "LoRA adapters are not supported through extraArgs",
+    "--lora-modules": f"loads LoRA adapters into GPU memory: {_NOT_PLANNED}. LoRA adapters are not supported "
+                      "through extraArgs",
+    "--max-loras": f"sizes the GPU memory held for LoRA adapters: {_NOT_PLANNED}. LoRA adapters are not supported "
+                   "through extraArgs",
+    "--max-lora-rank": f"sizes the GPU memory held for LoRA adapters: {_NOT_PLANNED}. LoRA adapters are not "
+                       "supported through extraArgs",
+    "--max-cpu-loras": f"holds LoRA adapters in the pod's memory: {_NOT_PLANNED}. LoRA adapters are not supported "
+                       "through extraArgs",
+    "--fully-sharded-loras": f"changes the memory LoRA adapters take: {_NOT_PLANNED}. LoRA adapters are not "
+                             "supported through extraArgs",
+    "--speculative-config": f"loads a draft model (or extra heads) and its KV cache on the same GPUs: "
+                            f"{_NOT_PLANNED}. Speculative decoding is not supported through extraArgs",
+    "--kv-transfer-config": f"adds a KV connector (disaggregated prefill, KV offload) with its own buffers: "
+                            f"{_NOT_PLANNED}. It is not supported through extraArgs",
+    "--kv-offloading-size": f"offloads the KV cache to the pod's memory: {_NOT_PLANNED}. KV offload is not supported "
+                            "through extraArgs",
+    "--kv-offloading-backend": f"offloads the KV cache: {_NOT_PLANNED}. KV offload is not supported through "
+                               "extraArgs",
+    "--cpu-offload-gb": f"moves weights to the pod's memory: {_NOT_PLANNED}. Choose a GPU with more memory, more "
+                        "GPUs (spec.gpu.count) or a quantized checkpoint (spec.model.quantization) instead",
+    "--cpu-offload-params": f"moves weights to the pod's memory: {_NOT_PLANNED}. Choose a GPU with more memory, "
+                            "more GPUs (spec.gpu.count) or a quantized checkpoint (spec.model.quantization) instead",
+    "--num-gpu-blocks-override": "replaces the KV cache size the plan derives; set "
+                                 "spec.engine.gpuMemoryUtilization instead",
+    "--kv-cache-memory-bytes": "replaces the KV cache size the plan derives; set spec.engine.gpuMemoryUtilization "
+                               "instead",
+}
+
+
+def capacity_flag(flag: str, action: str = "") -> Optional[str]:
+    """The CAPACITY_FLAGS entry that `flag` sets (also through another spelling: -pp, -dp), or None. Turning a
+    feature off (--no-enable-lora, --disable-lora) changes nothing and is not refused."""
+    normal = vllm_flags.normalise(flag)
+    if normal.startswith(("--no-", "--disable-")):
+        return None
+    base = normal.split(".", 1)[0].rstrip("+") if "." in normal else normal  # --speculative-config.method
+    for name in (base, flag, action):
+        if name in CAPACITY_FLAGS:
+            return name
+    return None
+
+
 #: spec.model.quantization values the API accepts but the pinned vLLM does not (ModelConfig refuses them at start).
 UNSUPPORTED_QUANTIZATION: dict[str, str] = {
     "bitsandbytes": "bitsandbytes quantization was removed from vLLM; serve an AWQ, GPTQ or FP8 checkpoint instead",
@@ -615,8 +677,9 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
         # Another spelling of a flag the operator owns sets the same value: -tp, --device-memory-utilization,
         # --disable-prefix-caching (0.33) are the action's other option strings.
         action = info.action if info is not None and info.action in OWNED_FLAGS else None
+        capacity = capacity_flag(flag, info.action if info is not None else "")
         refusal = None
-        if loose and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
+        if loose and capacity is None and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
                 and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
                 and not (dotted and dotted in OWNED_FLAGS):
             if not eq and i < len(extra) and _is_value(extra[i]):
@@ -624,6 +687,8 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
             continue
         if normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS:
             refusal = f"{flag} {KNOWN_BAD_FLAGS.get(normal) or KNOWN_BAD_FLAGS[flag]}"
+        elif capacity is not None:
+            refusal = f"{flag} {CAPACITY_FLAGS[capacity]}"
         elif normal in CREDENTIAL_FLAGS:
             refusal = (f"{flag} takes a credential, which must not be written in the spec (anyone who can read the "
                        f"VLLMServer could read it); {CREDENTIAL_FLAGS[normal]}")

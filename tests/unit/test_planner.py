@@ -471,6 +471,38 @@ def test_valid_extra_args_are_passed_through(extra):
     assert plan.args[-len(extra):] == extra
 
 
+@pytest.mark.parametrize(("extra", "expect"), [
+    (["--pipeline-parallel-size", "2"], "spec.gpu.count"),
+    (["-pp", "2"], "pipeline parallelism is not supported through extraArgs"),  # the other spelling
+    (["--data-parallel-size=2"], "spec.replicas"),
+    (["-dp", "2"], "spec.replicas"),
+    (["--enable-lora"], "LoRA adapters are not supported through extraArgs"),
+    (["--lora-modules", "a=/adapters/a"], "LoRA"),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'], "Speculative decoding"),
+    (["--speculative-config.method", "ngram"], "Speculative decoding"),
+    (["--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1"}'], "KV connector"),
+    (["--kv-offloading-size", "8"], "KV offload"),
+    (["--cpu-offload-gb", "10"], "a quantized checkpoint"),
+    (["--num-gpu-blocks-override", "1000"], "spec.engine.gpuMemoryUtilization"),
+    (["--kv-cache-memory-bytes", "8000000000"], "spec.engine.gpuMemoryUtilization"),
+])
+def test_extra_args_that_change_gpus_or_memory_are_refused_with_the_field_to_use(extra, expect):
+    """Issue 20 item 3: a flag that changes the GPU count or the memory would make `plan` say "fits" for a pod that
+    waits for GPUs it lacks or runs out of memory; refused, also for an image whose release has no snapshot."""
+    for image in (api.DEFAULT_IMAGE, "vllm/vllm-openai:v9.9.9"):
+        plan = plan_for(LLAMA_8B, image=image, engine={"extraArgs": extra}, workloadProfile={"maxContextTokens": 8192})
+        [problem] = plan.problems  # the refused flag's value goes with it
+        assert problem.field == "spec.engine.extraArgs[0]" and expect in problem.message, problem
+        assert "the plan (and the pod's GPU count and memory) does not count it" in problem.message \
+            or "spec." in problem.message
+
+
+@pytest.mark.parametrize("extra", [["--no-enable-lora"]])
+def test_turning_a_capacity_feature_off_is_not_refused(extra):
+    plan = plan_for(LLAMA_8B, engine={"extraArgs": extra}, workloadProfile={"maxContextTokens": 8192})
+    assert plan.fits, plan.problems
+
+
 # --------------------------------------------------------------------------- shutdown
 @pytest.mark.parametrize(("engine", "profile", "seconds", "why"), [
     ({}, {}, 30, "an assumed p95 output 512 tokens at 20 tokens/s = 26 s"),
