@@ -228,7 +228,7 @@ def floor_status(doc: dict, now: str = "2026-01-01T00:00:00Z") -> dict:
     the same offline planner), SpecValid, Progressing, Ready and Degraded, replicas, selector and endpoint."""
     m = doc["metadata"]
     spec = api.VLLMServerSpec.model_validate(doc["spec"])
-    plan = pipeline.plan_server(m["name"], m["namespace"], spec, local_files=True)
+    plan = pipeline.plan_server(m["name"], m["namespace"], spec)
     conditions = Conditions([], 1, now)
     conditions.set("SpecValid", "True", "Planned", f"flags derived: {plan.max_model_len} tokens of context, "
                    f"{plan.kv_cache_tokens} KV cache tokens per replica")

@@ -14,6 +14,7 @@ import yaml
 from . import api, builders, catalog, crd, documents, pipeline
 from .sources import hub
 from .planner import GiB, Plan
+from .urlpolicy import URLPolicy
 
 BAR_WIDTH = 60
 SEGMENTS = [  # (attribute or key, symbol, label)
@@ -167,13 +168,65 @@ def _plans_of(path: str, settings: tuple[Optional[str], Union[str, bool, None]],
             continue
         s = doc.server
         assert s is not None  # a document without errors holds its server
+        namespace, why = document_namespace(s.metadata, args)
+        if why is not None and namespace is None:
+            err.write(f"{path}: {s.metadata.name}: {why}\n")
+            ok = False
+            continue
+        if why is not None:
+            err.write(f"{path}: {s.metadata.name}: note: {why}\n")
+        assert namespace is not None
         endpoint, token = settings
-        plan = pipeline.plan_server(s.metadata.name, s.metadata.namespace, s.spec, hf_endpoint=endpoint,
+        plan = pipeline.plan_server(s.metadata.name, namespace, s.spec, hf_endpoint=endpoint,
                                     hf_token=token, allow_unsafe_args=api.allows_unsafe_args(s.metadata),
-                                    local_files=True)
+                                    local_config=getattr(args, "model_config", None), urls=url_policy(args, endpoint))
         plans.append(plan)
         ok = ok and plan.fits
     return plans, ok
+
+
+def url_policy(args: argparse.Namespace, endpoint: Optional[str]) -> URLPolicy:
+    """The URLs a spec may name, as the operator with the same settings allows them (operator_main.url_policy):
+    `plan` refuses what the operator would."""
+    return URLPolicy.from_settings(getattr(args, "allowed_config_url", None) or (),
+                                   getattr(args, "allowed_prometheus_url", None) or (), hf_endpoint=endpoint,
+                                   prometheus_url=getattr(args, "prometheus_url", None))
+
+
+def kube_context_namespace(env: Optional[dict[str, str]] = None) -> Optional[str]:
+    """The namespace of the kubeconfig's current context (KUBECONFIG's first file, else ~/.kube/config), as
+    kubectl would use it for an object without one; None when there is none or it cannot be read."""
+    kubeconfig = (os.environ if env is None else env).get("KUBECONFIG")
+    path = (kubeconfig or "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f.read(2**20))
+        current = config.get("current-context")
+        context = next(c.get("context") or {} for c in config.get("contexts") or [] if c.get("name") == current)
+        namespace = context.get("namespace")
+    except (OSError, yaml.YAMLError, AttributeError, StopIteration, UnicodeDecodeError):
+        return None
+    return namespace if isinstance(namespace, str) and namespace else None
+
+
+def document_namespace(metadata: api.ObjectMeta, args: argparse.Namespace) -> tuple[Optional[str], Optional[str]]:
+    """The namespace a document is planned in, as `kubectl apply -f FILE [-n NS]` would create it, and a line that
+    says where it came from when the document names none (None: it does), or why it is refused (namespace None:
+    the document's namespace and -n differ, which kubectl refuses too)."""
+    flag = getattr(args, "namespace", None)
+    if "namespace" in metadata.model_fields_set:
+        if flag and flag != metadata.namespace:
+            return None, (f"the document's metadata.namespace {metadata.namespace!r} does not match -n {flag!r} "
+                          "(kubectl refuses it too); drop one of them")
+        return metadata.namespace, None
+    if flag:
+        return flag, None
+    context = kube_context_namespace()
+    if context:
+        return context, (f"no metadata.namespace: planned in {context!r}, the kubeconfig's current context's "
+                         "namespace, as kubectl apply would create it (-n to choose)")
+    return "default", ("no metadata.namespace: planned in 'default', as kubectl apply would create it without a "
+                       "namespace in the kubeconfig's context (-n to choose)")
 
 
 def _problems(path: str, plan: Plan, err: TextIO) -> None:
@@ -208,8 +261,18 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         for line in too_large:
             err.write(f"{path}: {p.name}: {line}\n")
         ok = False
-    out.write(yaml.safe_dump_all(objects, sort_keys=False, width=120))
+    if args.output == "json":
+        out.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n")
+    else:
+        out.write(yaml.dump_all(objects, Dumper=_NoAliasDumper, sort_keys=False, width=120))
     return 0 if ok else 1
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """YAML without anchors and aliases (&id001, *id001): an object used twice in a render is written twice."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def cmd_catalog(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -264,6 +327,31 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 2
 
 
+def _planning_arguments(parser: argparse.ArgumentParser) -> None:
+    """plan's and render's: the documents, their namespace, a local config.json, and the operator's URL settings."""
+    parser.add_argument("file", nargs="+", help="YAML files or directories of VLLMServer documents ('-' for stdin)")
+    parser.add_argument("-n", "--namespace",
+                        help="the namespace of documents without metadata.namespace (default: the kubeconfig's "
+                        "current context's, else 'default', as kubectl apply); a document naming another is refused")
+    parser.add_argument("--model-config", metavar="PATH",
+                        help="a local config.json (or a model directory holding one) that gives the model's facts in "
+                        "place of spec.model.configURL and the Hub; the operator reads no local files, so in the "
+                        "cluster the same facts come from the catalog, configURL or spec.model.architecture")
+    _hub_arguments(parser)
+    _url_arguments(parser)
+
+
+def _url_arguments(parser: argparse.ArgumentParser) -> None:
+    """The operator's URL settings (the same flags on `run`): plan and render refuse what the operator would."""
+    parser.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
+    parser.add_argument("--allowed-config-url", action="append", default=[], metavar="PREFIX",
+                        help="a URL prefix spec.model.configURL may name, beside the public Hub and --hf-endpoint "
+                             "(repeatable; '*': any http(s) URL); docs/security.md")
+    parser.add_argument("--allowed-prometheus-url", action="append", default=[], metavar="PREFIX",
+                        help="a URL prefix spec.autoscaling.prometheusURL may name, beside --prometheus-url "
+                             "(repeatable; '*': any http(s) URL); docs/security.md")
+
+
 def _hub_arguments(parser: argparse.ArgumentParser, operator: bool = False) -> None:
     parser.add_argument("--hf-endpoint",
                         help="the Hugging Face Hub (or mirror) that models outside the catalog are looked up on: "
@@ -271,7 +359,7 @@ def _hub_arguments(parser: argparse.ArgumentParser, operator: bool = False) -> N
                         f"{hub.DEFAULT_ENDPOINT}; none when HF_HUB_OFFLINE=1)")
     parser.add_argument("--offline", action="store_true",
                         help="look nothing up on a Hub: facts from the catalog, spec.model.configURL, "
-                        "spec.model.architecture" + ("" if operator else " and local model directories only"))
+                        "spec.model.architecture" + ("" if operator else " and --model-config only"))
     parser.add_argument("--hf-token-file", metavar="PATH",
                         help="a file holding a Hub token for gated models, sent only to --hf-endpoint" + (
                             " (the chart mounts operator.hfTokenSecret there; never a tenant's Secret)" if operator
@@ -293,14 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="show the derived vLLM flags, memory and capacity of VLLMServer files")
-    p.add_argument("file", nargs="+", help="YAML files or directories of VLLMServer documents ('-' for stdin)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    _hub_arguments(p)
+    _planning_arguments(p)
     p.set_defaults(func=cmd_plan)
 
-    r = sub.add_parser("render", help="print every Kubernetes object the operator would apply, as YAML")
-    r.add_argument("file", nargs="+", help="YAML files or directories of VLLMServer documents ('-' for stdin)")
-    _hub_arguments(r)
+    r = sub.add_parser("render", help="print every Kubernetes object the operator would apply, as YAML or JSON")
+    r.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    _planning_arguments(r)
     r.set_defaults(func=cmd_render)
 
     c = sub.add_parser("crd", help="print the VLLMServer CustomResourceDefinition")
@@ -317,13 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("--verbose", action="store_true")
     _hub_arguments(run, operator=True)
-    run.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
-    run.add_argument("--allowed-config-url", action="append", default=[], metavar="PREFIX",
-                     help="a URL prefix spec.model.configURL may name, beside the public Hub and --hf-endpoint "
-                          "(repeatable; '*': any http(s) URL); docs/security.md")
-    run.add_argument("--allowed-prometheus-url", action="append", default=[], metavar="PREFIX",
-                     help="a URL prefix spec.autoscaling.prometheusURL may name, beside --prometheus-url "
-                          "(repeatable; '*': any http(s) URL); docs/security.md")
+    _url_arguments(run)
     run.add_argument("--resync-seconds", type=float, default=60.0, help="periodic reconcile interval")
     run.add_argument("--replan-outdated-per-minute", type=float, default=0.0,
                      help="re-plan at most this many servers a minute whose running plan an operator upgrade changed "

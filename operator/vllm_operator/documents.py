@@ -12,7 +12,7 @@ from typing import Any, Optional
 import pydantic
 import yaml
 
-from . import api
+from . import api, crd
 
 
 @dataclass
@@ -117,13 +117,26 @@ def load_documents(text: str) -> list[Document]:
         if raw.get("kind") != api.KIND:
             docs.append(Document(i, str(name), errors=[f"kind is {raw.get('kind')!r}, expected {api.KIND}"]))
             continue
-        try:
-            # By the camelCase names only, as the API server reads them (it prunes spec.engine.extra_args).
-            docs.append(Document(i, str(name), server=api.VLLMServer.model_validate(raw, by_alias=True,
-                                                                                    by_name=False)))
-        except pydantic.ValidationError as err:
-            docs.append(Document(i, str(name), errors=format_validation_error(err, api.VLLMServer)))
+        docs.append(_document(i, str(name), raw))
     return docs
+
+
+def _document(index: int, name: str, raw: dict[str, Any]) -> Document:
+    """One mapping validated as the API server and the operator do: the CRD's schema (its bounds: lengths, entries,
+    items, patterns) and the models (pydantic, with the CEL rules' equivalents). A field both refuse is named once,
+    in the models' words."""
+    errors: list[str] = []
+    server = None
+    try:
+        # By the camelCase names only, as the API server reads them (it prunes spec.engine.extra_args).
+        server = api.VLLMServer.model_validate(raw, by_alias=True, by_name=False)
+    except pydantic.ValidationError as err:
+        errors = format_validation_error(err, api.VLLMServer)
+    named = {line.split(": ", 1)[0] for line in errors}
+    # Where the models refused the document, the schema adds only the bounds they do not check themselves.
+    errors += [f"{path}: {why}" for path, why in crd.schema_problems(raw, crd.BOUNDS if errors else ())
+               if path not in named]
+    return Document(index, name, server=None if errors else server, errors=errors)
 
 
 def parse_spec(spec: dict[str, Any]) -> tuple[Optional[api.VLLMServerSpec], list[str]]:

@@ -48,7 +48,7 @@ def plan_server(
     fetch: Callable[..., dict] = model_facts.fetch_config,
     default_prometheus_url: Optional[str] = None,
     allow_unsafe_args: bool = False,
-    local_files: bool = False,
+    local_config: Optional[str] = None,
     configs: Optional[model_facts.ConfigCache] = None,
     urls: Optional[URLPolicy] = None,
     hf_token: Union[str, bool, None] = False,
@@ -56,14 +56,14 @@ def plan_server(
     """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan.
 
     `allow_unsafe_args`: api.allows_unsafe_args(metadata), the escape hatch for --host/--port in extraArgs.
-    `local_files`: a model directory or config.json path is read from this machine (the CLI; never the
-    operator). `configs`: the operator's cache of fetched config.json facts. `urls`: the operator's URL
+    `local_config`: a config.json (or a directory holding one) of this machine that gives the model's facts in
+    place of configURL and the Hub (the CLI's --model-config; never the operator). `configs`: the operator's cache of fetched config.json facts. `urls`: the operator's URL
     settings: a configURL outside them is a problem, and is not fetched. `hf_endpoint`: the Hub a model outside the
     catalog is looked up on (None: none, offline); `hf_token`: the token sent to it (hub.lookup's `token`)."""
     model_error = None
     model_error_field = "spec.model.architecture"
     base = None
-    resolving: dict[str, Any] = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files,
+    resolving: dict[str, Any] = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_config": local_config,
                                  "cache": configs, "hf_token": hf_token}
     refused = urls.config_problem(spec.model.config_url) if urls and spec.model.config_url else None
     try:
@@ -87,7 +87,8 @@ def plan_server(
     except ValueError as exc:
         # an explicitly named config.json that cannot be read: the field that named it is at fault
         model, model_error = None, str(exc)
-        model_error_field = "spec.model.configURL" if spec.model.config_url else "spec.model.name"
+        model_error_field = ("--model-config" if local_config else "spec.model.configURL" if spec.model.config_url
+                             else "spec.model.name")
     plan = planner.plan(name, namespace, spec, model, model_error=model_error, model_error_field=model_error_field,
                         default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args,
                         urls=urls)

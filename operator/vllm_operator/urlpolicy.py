@@ -68,9 +68,16 @@ class URLPolicy:
         return _problem(url, self.prometheus, "--allowed-prometheus-url", "operator.allowedPrometheusURLs")
 
 
+#: Why a URL that is not http(s) with a host is refused, whatever the settings allow.
+NOT_HTTP = ("must be an http(s) URL with a host: the operator fetches it and reads no files of its own (to plan with "
+            "a local config.json: vllm-operator plan --model-config PATH)")
+
+
 def _problem(url: str, prefixes: tuple[str, ...], flag: str, value: str) -> Optional[str]:
     if any(allows(p, url) for p in prefixes):
         return None
+    if _parts(url) is None:
+        return NOT_HTTP
     allowed = ", ".join(prefixes) if prefixes else "none"
     return (f"the operator fetches only under the URLs its settings allow ({allowed}); ask the platform team to "
             f"add this one ({flag}, chart value {value})")

@@ -415,9 +415,9 @@ def test_an_unreadable_config_is_reported_under_the_field_that_named_it(tmp_path
     doc["spec"]["model"] = {"name": "acme/x", "configURL": "https://example.test/x.json"}
     plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]), fetch=failing)
     assert [(p.field, "HTTP 404" in p.message) for p in plan.problems] == [("spec.model.configURL", True)]
-    doc["spec"]["model"] = {"name": str(tmp_path)}  # a local model directory without config.json (the CLI reads it)
-    plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]), local_files=True)
-    assert [p.field for p in plan.problems] == ["spec.model.name"], plan.problems
+    doc["spec"]["model"] = {"name": "acme/x"}  # --model-config names a directory without config.json
+    plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]), local_config=str(tmp_path))
+    assert [p.field for p in plan.problems] == ["--model-config"], plan.problems
     doc["spec"]["model"] = {"name": "acme/x"}  # unknown, nothing fetched: the architecture is what to set
     plan = pipeline.plan_server("x", "ns", api.VLLMServerSpec.model_validate(doc["spec"]))
     assert [p.field for p in plan.problems] == ["spec.model.architecture"], plan.problems
@@ -425,11 +425,19 @@ def test_an_unreadable_config_is_reported_under_the_field_that_named_it(tmp_path
 
 def test_resolve_local_directory(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
-    resolved = resolve_model(spec(str(tmp_path)), local_files=True)
+    resolved = resolve_model(spec("acme/local"), local_config=str(tmp_path))
     assert resolved.architecture.head_dim == 128
     assert resolved.source == f"config.json ({tmp_path})"
     assert resolved.estimated == ("parameter_count",)
     assert resolved.architecture.parameter_count == pytest.approx(8_190_735_360, rel=0.001)
+
+
+def test_a_model_name_that_is_a_local_directory_is_not_read(tmp_path: Path):
+    """Issue 20 item 3: the operator cannot read a directory of its own machine, so neither does `plan`: the facts of
+    a local config.json come through --model-config, never through the spec."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    with pytest.raises(UnknownModelError):
+        resolve_model(spec(str(tmp_path)))
 
 
 def test_resolve_spec_only_fills_and_reports_estimates():

@@ -278,3 +278,82 @@ def test_an_image_release_without_a_snapshot_is_a_warning_not_a_refusal(capsys, 
     rc, out, err = run(capsys, "render", str(f))
     assert rc == 0 and any(o["kind"] == "StatefulSet" for o in yaml.safe_load_all(out) if o)
     assert err.startswith(f"{f}: {name}: warning: image vllm/vllm-openai:v0.35.1 runs vLLM 0.35.1")
+
+
+# --------------------------------------------------------------------------- issue 20: the first hour's CLI
+def _without_namespace(tmp_path: Path, namespace: str | None = None) -> Path:
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["metadata"].pop("namespace", None)
+    if namespace:
+        doc["metadata"]["namespace"] = namespace
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _namespaces(out: str) -> set[str]:
+    return {d["metadata"]["namespace"] for d in yaml.safe_load_all(out)}
+
+
+def test_render_without_a_namespace_uses_n_or_the_kube_context_and_says_so(capsys, tmp_path, monkeypatch):
+    path = _without_namespace(tmp_path)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    rc, out, err = run(capsys, "render", str(path))
+    assert rc == 0 and _namespaces(out) == {"default"}
+    assert "no metadata.namespace: planned in 'default'" in err and "-n to choose" in err
+    rc, out, err = run(capsys, "render", "-n", "team-a", str(path))
+    assert rc == 0 and _namespaces(out) == {"team-a"} and err == ""
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump({
+        "current-context": "work", "contexts": [{"name": "work", "context": {"cluster": "c", "namespace": "team-b"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    rc, out, err = run(capsys, "render", str(path))
+    assert rc == 0 and _namespaces(out) == {"team-b"} and "the kubeconfig's current context's namespace" in err
+
+
+def test_a_document_namespace_and_another_n_are_refused_as_kubectl_does(capsys, tmp_path):
+    path = _without_namespace(tmp_path, "team-a")
+    rc, out, err = run(capsys, "render", "-n", "team-b", str(path))
+    assert rc == 1 and out.strip() == "" and "does not match -n 'team-b'" in err
+    rc, out, _ = run(capsys, "render", "-n", "team-a", str(path))
+    assert rc == 0 and _namespaces(out) == {"team-a"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_render_json_is_the_yaml_render_as_a_list_and_neither_has_anchors(capsys, path):
+    rc, out_yaml, _ = run(capsys, "render", str(path))
+    assert rc == 0 and "&id" not in out_yaml and "*id" not in out_yaml
+    rc, out_json, _ = run(capsys, "render", "-o", "json", str(path))
+    assert rc == 0
+    listed = json.loads(out_json)
+    assert listed["kind"] == "List" and listed["items"] == list(yaml.safe_load_all(out_yaml))
+
+
+def test_a_local_config_goes_through_model_config_not_config_url(capsys, tmp_path):
+    """Issue 20 item 3: the operator refuses a configURL that is not http(s), so `plan` does too, and names the flag
+    that reads a local config.json."""
+    config = tmp_path / "config.json"
+    config.write_text((ROOT / "tests" / "data" / "configs" / "Qwen2-7B-Instruct.config.json").read_text())
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["model"] = {"name": "acme/local-7b", "configURL": str(config)}
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc, _, err = run(capsys, "plan", "--offline", str(path))
+    assert rc == 1 and "spec.model.configURL: must be an http(s) URL" in err and "--model-config PATH" in err
+    del doc["spec"]["model"]["configURL"]
+    path.write_text(yaml.safe_dump(doc))
+    rc, out, err = run(capsys, "plan", "--offline", "--model-config", str(config), str(path))
+    assert rc == 0, err
+    assert f"config.json ({config})" in out
+
+
+def test_an_annotation_the_crd_bounds_is_refused_by_plan(capsys, tmp_path):
+    """Issue 20 item 3: the CRD's bounds (a value's length, a map's entries) are the API server's; `plan` applies
+    them from the same schema."""
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["podAnnotations"] = {"big": "x" * 300_000, **{f"k{i}": "v" for i in range(64)}}
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc, _, err = run(capsys, "plan", str(path))
+    assert rc == 1
+    assert "spec.podAnnotations: may not have more than 64 entries (it has 65)" in err
+    assert "spec.podAnnotations.big: may not be longer than 4096 characters (it has 300000)" in err

@@ -1,5 +1,5 @@
-"""Model facts: a model's architecture from the catalog, its config.json (a URL, a local directory, or the
-Hugging Face Hub with its safetensors metadata: ``hub.py``) and the ``spec.model.architecture`` overrides, in
+"""Model facts: a model's architecture from the catalog, its config.json (a URL, the Hugging Face Hub with its
+safetensors metadata: ``hub.py``, or for the CLI only a file its `--model-config` names) and the ``spec.model.architecture`` overrides, in
 that order of precedence. The one module of the planning path that does I/O.
 
 :func:`fetch_config` and ``hub.lookup`` can be replaced by the caller, and :class:`ConfigCache` can keep their
@@ -149,16 +149,16 @@ def resolve_model(
     *,
     hf_endpoint: Optional[str] = None,
     fetch: Callable[[str], dict[str, Any]] = fetch_config,
-    local_files: bool = False,
+    local_config: Optional[str] = None,
     cache: Optional[ConfigCache] = None,
     hub_lookup: Callable[..., hub.HubFacts] = hub.lookup,
     hf_token: Union[str, bool, None] = False,
 ) -> ResolvedModel:
     """Combine catalog, config.json and spec into a complete architecture.
 
-    Precedence, lowest to highest: the catalog entry; the config.json (from
-    ``spec.model.configURL``, from the model directory when ``name`` is a local
-    directory and `local_files` allows it (the CLI), or from the Hub at ``hf_endpoint`` when the
+    Precedence, lowest to highest: the catalog entry; the config.json (from `local_config`, a file or directory
+    on this machine the CLI's --model-config names, never the spec; from
+    ``spec.model.configURL``; or from the Hub at ``hf_endpoint`` when the
     model is not in the catalog, with the exact parameter count of its safetensors metadata
     (`hub_lookup`, sending `hf_token`: hub.lookup's token); each field given under
     ``spec.model.architecture``.
@@ -169,7 +169,7 @@ def resolve_model(
     """
     facts = _Facts()
     in_catalog = _from_catalog(facts, model)
-    _from_config(facts, model, hf_endpoint, in_catalog, fetch, local_files, cache, hub_lookup, hf_token)
+    _from_config(facts, model, hf_endpoint, in_catalog, fetch, local_config, cache, hub_lookup, hf_token)
     _from_spec(facts, model)
     estimated = _derive_shapes(facts.fields)
     _refuse_incomplete(model.name, facts, estimated)
@@ -203,11 +203,11 @@ def _from_catalog(facts: _Facts, model: ModelSpec) -> bool:
 
 
 def _from_config(facts: _Facts, model: ModelSpec, hf_endpoint: Optional[str], in_catalog: bool,
-                 fetch: Callable[[str], dict[str, Any]], local_files: bool, cache: Optional[ConfigCache],
+                 fetch: Callable[[str], dict[str, Any]], local_config: Optional[str], cache: Optional[ConfigCache],
                  hub_lookup: Callable[..., hub.HubFacts], hf_token: Union[str, bool, None]) -> None:
-    """2. The config.json: spec.model.configURL, the model directory (the CLI), or the Hub with the safetensors
-    metadata for a model outside the catalog. A config.json the spec named and that cannot be read raises."""
-    config_location, explicit = _config_location(model, hf_endpoint, in_catalog, local_files)
+    """2. The config.json: the CLI's --model-config, spec.model.configURL, or the Hub with the safetensors
+    metadata for a model outside the catalog. A config.json explicitly named that cannot be read raises."""
+    config_location, explicit = _config_location(model, hf_endpoint, in_catalog, local_config)
     facts.from_hub = config_location is not None and not explicit and hf_endpoint is not None
     if config_location is None:
         return
@@ -217,7 +217,8 @@ def _from_config(facts: _Facts, model: ModelSpec, hf_endpoint: Optional[str], in
             from_the_hub, note = _hub_architecture(model, hf_endpoint, hub_lookup, hf_token, cache)
             from_config, facts.stored_weight_bytes = from_the_hub.architecture, from_the_hub.stored_weight_bytes
         else:
-            from_config, note = _config_architecture(config_location, model.revision, fetch, local_files, cache)
+            from_config, note = _config_architecture(config_location, model.revision, fetch,
+                                                     config_location == local_config, cache)
     except ValueError as err:
         if explicit:
             raise
@@ -317,13 +318,14 @@ def _resolved(model: ModelSpec, facts: _Facts, estimated: list[str]) -> Resolved
 
 
 def _config_location(model: ModelSpec, hf_endpoint: Optional[str], in_catalog: bool,
-                     local_files: bool) -> tuple[Optional[str], bool]:
-    """Where the model's config.json is, if anywhere, and whether the spec named it (a failure is then the
-    spec's to fix; a Hugging Face endpoint's is only a detail of an incomplete architecture)."""
+                     local_config: Optional[str]) -> tuple[Optional[str], bool]:
+    """Where the model's config.json is, if anywhere, and whether it was named (a failure is then the user's to
+    fix; a Hugging Face endpoint's is only a detail of an incomplete architecture). A spec's model.name is never
+    read as a local directory: the operator cannot read one, so `plan` does not either (--model-config does)."""
+    if local_config:
+        return local_config, True
     if model.config_url:
         return model.config_url, True
-    if local_files and os.path.isdir(model.name):
-        return model.name, True
     if hf_endpoint and not in_catalog:
         return f"{hf_endpoint.rstrip('/')}/{model.name.strip('/')}", False
     return None, True
@@ -385,9 +387,10 @@ def _exact_count_note(fields: dict[str, Any]) -> str:
 
 
 def _config_architecture(location: str, revision: Optional[str], fetch: Callable[[str], dict[str, Any]],
-                         local_files: bool, cache: Optional[ConfigCache]) -> tuple[ModelArchitecture, str]:
-    """The architecture a config.json gives, and a note when older facts stand in for it."""
-    if local_files and urllib.parse.urlsplit(location).scheme.lower() not in ("http", "https"):
+                         local: bool, cache: Optional[ConfigCache]) -> tuple[ModelArchitecture, str]:
+    """The architecture a config.json gives, and a note when older facts stand in for it. `local`: the CLI's
+    --model-config, a file of this machine."""
+    if local:
         return _facts(read_config_file(location), location), ""
 
     def load() -> ModelArchitecture:
