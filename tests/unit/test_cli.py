@@ -357,3 +357,16 @@ def test_an_annotation_the_crd_bounds_is_refused_by_plan(capsys, tmp_path):
     assert rc == 1
     assert "spec.podAnnotations: may not have more than 64 entries (it has 65)" in err
     assert "spec.podAnnotations.big: may not be longer than 4096 characters (it has 300000)" in err
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_one_kv_figure_per_plan(capsys, path):
+    """Issue 20 item 6: the KV cache's size in --max-model-len's reason is the capacity line's (the Gemma 3 example
+    said 418,224 in the reason, the longest request its sliding-window layers hold, and 278,998 as capacity)."""
+    import re
+
+    rc, out, _ = run(capsys, "plan", str(path))
+    assert rc == 0
+    [capacity] = re.findall(r"capacity: ([\d,]+) KV tokens", out)
+    [reason] = re.findall(r"the KV cache \(?(?:holds )?([\d,]+) tokens", out)
+    assert reason == capacity

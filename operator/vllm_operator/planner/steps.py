@@ -320,12 +320,13 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
             p.problem("spec.workloadProfile.maxContextTokens", f"{requested} is longer than {spec.model.name} "
                       f"supports ({model_limit} tokens); use at most {model_limit}")
         length = min(requested, model_limit, fit_limit)
+        capacity = _kv_capacity_words(p, s, length)
         if length == requested:
             len_why = "workloadProfile.maxContextTokens" if prof.max_context_tokens else "the model's own limit"
             len_why += (" (no KV cache: an encoder-only model)" if arch.encoder_only
-                        else f", which fits the KV cache ({p.kv_cache_tokens} tokens)")
+                        else f", which fits the KV cache ({capacity})")
         else:
-            len_why = (f"the KV cache holds {p.kv_cache_tokens} tokens; {length} keeps a "
+            len_why = (f"the KV cache holds {capacity}; {length} keeps a "
                        f"{int(100 - assumption('context_headroom') * 100)}% margin (wanted {requested})")
             if prof.max_context_tokens:
                 p.notes.append(f"warning: maxContextTokens {requested} does not fit; serving at most {length} tokens. "
@@ -347,6 +348,18 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
     if length > 0 and not arch.encoder_only and s.layout is not None:
         p.kv_cache_tokens = s.layout.tokens(kv, length, s.in_flight)
     p.decisions.append(FlagDecision("--max-model-len", str(length), len_why, pinned=e.max_model_len is not None))
+
+
+def _kv_capacity_words(p: Plan, s: Sizing, length: int) -> str:
+    """The KV cache's size in a flag's reason: the one figure the plan reports as its capacity (the tokens vLLM
+    logs at this length). Where sliding-window layers keep only their window of each request, one request may be
+    longer than that figure, which the reason says in words rather than with a second figure."""
+    if length <= 0 or s.layout is None:
+        return f"{p.kv_cache_tokens:,} tokens"
+    logged = s.layout.tokens(s.kv, length, s.in_flight)
+    if logged == p.kv_cache_tokens:
+        return f"{logged:,} tokens"
+    return f"{logged:,} tokens; its sliding-window layers keep only their window of each request"
 
 
 def plan_engine_flags(p: Plan, s: Sizing) -> None:
