@@ -11,7 +11,7 @@ from typing import Any, Optional, TextIO, Union
 
 import yaml
 
-from . import api, builders, catalog, crd, documents, pipeline
+from . import api, builders, catalog, crd, documents, pipeline, validation
 from .sources import hub
 from .planner import GiB, Plan
 from .urlpolicy import URLPolicy
@@ -59,6 +59,16 @@ def memory_bar(plan: Plan) -> str:
     return "[" + bar.ljust(BAR_WIDTH, ".")[:BAR_WIDTH] + "]"
 
 
+#: The header's words for each kind of problem (validation.INVALID_SPEC, ...).
+HEADLINES = {validation.INVALID_SPEC: "INVALID SPEC", validation.DOES_NOT_FIT: "DOES NOT FIT",
+             validation.MODEL_UNKNOWN: "MODEL UNKNOWN"}
+
+
+def headline(plan: Plan) -> str:
+    """`fits`, or the kinds of the plan's problems in capitals: DOES NOT FIT only for memory."""
+    return ", ".join(HEADLINES.get(kind, kind) for kind in plan.problem_kinds()) or "fits"
+
+
 def render_table(plan: Plan, out: TextIO) -> None:
     spec = plan.spec
     w = out.write
@@ -66,7 +76,7 @@ def render_table(plan: Plan, out: TextIO) -> None:
     w(f"{plan.namespace}/{plan.name}: {spec.model.name} on {spec.gpu.count} x {gpu_name}")
     if plan.gpu_memory:
         w(f" ({plan.gpu_memory / GiB:.2f} GiB each)")
-    w(f"  [{'fits' if plan.fits else 'DOES NOT FIT'}]\n")
+    w(f"  [{headline(plan)}]\n")
     if plan.model:
         w(f"  model: {plan.model.source}\n")
     if plan.memory:
@@ -101,6 +111,7 @@ def plan_json(plan: Plan) -> dict:
         "args": plan.args,
         "fits": plan.fits,
         "problems": [str(p) for p in plan.problems],
+        "problemKinds": plan.problem_kinds(),
         "estimates": plan.estimates(),
         "decisions": [{"flag": d.flag, "value": d.value, "why": d.why, "pinned": d.pinned} for d in plan.decisions],
         "notes": plan.notes,

@@ -163,12 +163,22 @@ DEVICE_PLUGIN_ENV: dict[str, str] = {
 MAX_NAME_LENGTH = api.MAX_NAME_LENGTH
 
 
+#: What kind of problem a Problem is (the words a reader sees first: `plan`'s header, a condition's reason).
+INVALID_SPEC = "InvalidSpec"
+#: The model and its KV cache do not fit the GPUs' memory.
+DOES_NOT_FIT = "DoesNotFit"
+#: The model's architecture is not known well enough to plan for it (not in the catalog, no config.json).
+MODEL_UNKNOWN = "ModelUnknown"
+
+
 @dataclass(frozen=True)
 class Problem:
     """Something that stops the server from being deployed, with the field to change."""
 
     field: str
     message: str
+    #: INVALID_SPEC, DOES_NOT_FIT or MODEL_UNKNOWN
+    kind: str = INVALID_SPEC
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"

@@ -92,7 +92,7 @@ def test_several_documents_one_bad(capsys, tmp_path):
     f.write_text(EXAMPLES[0].read_text() + "\n---\n" + (BAD / "tp-does-not-divide-heads.yaml").read_text())
     rc, out, err = run(capsys, "plan", str(f))
     assert rc == 1
-    assert "[fits]" in out and "DOES NOT FIT" in out
+    assert "[fits]" in out and "[INVALID SPEC]" in out  # 3 GPUs for 32 heads: not a memory problem
     assert "three-gpus: spec.gpu.count" in err
 
 
@@ -370,3 +370,34 @@ def test_one_kv_figure_per_plan(capsys, path):
     [capacity] = re.findall(r"capacity: ([\d,]+) KV tokens", out)
     [reason] = re.findall(r"the KV cache \(?(?:holds )?([\d,]+) tokens", out)
     assert reason == capacity
+
+
+@pytest.mark.parametrize(("model", "gpu", "header"), [
+    ("meta-llama/Llama-3.3-70B-Instruct", {"count": 1, "product": "NVIDIA-L4"}, "[DOES NOT FIT]"),
+    ("meta-llama/Llama-3.1-8B-Instruct", {"count": 3, "product": "NVIDIA-L4"}, "[INVALID SPEC]"),
+    ("meta-llama/Llama-3.1-8B-Instruct", {"count": 1, "product": "H100x"}, "[INVALID SPEC]"),
+    ("acme/unknown-7b", {"count": 1, "product": "NVIDIA-L4"}, "[MODEL UNKNOWN]"),
+])
+def test_the_header_names_the_kind_of_problem(capsys, tmp_path, model, gpu, header):
+    """Issue 20 item 6: [DOES NOT FIT] heads memory problems only; the others say what they are."""
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["model"], doc["spec"]["gpu"] = {"name": model}, gpu
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc, out, _ = run(capsys, "plan", "--offline", str(path))
+    assert rc == 1 and header in out.splitlines()[0]
+    rc, out, _ = run(capsys, "plan", "--offline", "-o", "json", str(path))
+    assert json.loads(out)[0]["problemKinds"] == [header.strip("[]").title().replace(" ", "")]
+
+
+def test_a_model_too_large_is_told_what_would_fit_not_a_smaller_batch(capsys, tmp_path):
+    """Issue 20 item 6: a 70B model on one L4: more GPUs, a bigger GPU, quantization; a smaller
+    maxNumBatchedTokens would not help when the weights alone overflow the budget."""
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["model"], doc["spec"]["gpu"] = {"name": "meta-llama/Llama-3.3-70B-Instruct"}, {"count": 1,
+                                                                                               "product": "NVIDIA-L4"}
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    _, _, err = run(capsys, "plan", "--offline", str(path))
+    assert "more GPUs (gpu.count: 8" in err and "a GPU with more memory" in err and "4-bit weights" in err
+    assert "maxNumBatchedTokens" not in err

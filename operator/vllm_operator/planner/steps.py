@@ -12,8 +12,8 @@ from ..api import AUTOSCALING_TOLERANCE, VLLMServerSpec, parse_quantity
 from ..catalog import Architecture, ResolvedModel
 from ..catalog.gpus import GPUSelection, select_gpu
 from ..urlpolicy import URLPolicy
-from ..validation import (OWNED_FLAGS, UNSAFE_FLAGS, Problem, check_spec, flag_check, hardware_problems,
-                          image_vllm_version, quantization_problems)
+from ..validation import (DOES_NOT_FIT, INVALID_SPEC, MODEL_UNKNOWN, OWNED_FLAGS, UNSAFE_FLAGS, Problem, check_spec,
+                          flag_check, hardware_problems, image_vllm_version, quantization_problems)
 from .assumptions import GiB, assumption, profile_terms
 from .memory import (
     _round_down, activation_bytes, dtype_bytes, gib, is_pooling, kv_bytes_per_token, kv_layout, loads_as_stored,
@@ -94,7 +94,8 @@ def check_inputs(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[
                                         mla=bool(p.model is not None and p.model.architecture.kv_lora_rank)))
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, p.gpu)
     if p.model is None:
-        p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}")
+        p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}",
+                  MODEL_UNKNOWN if model_error_field == "spec.model.architecture" else INVALID_SPEC)
     if p.gpu_memory is not None and p.gpu_memory < GiB:
         p.problem("spec.gpu.memory", f"{spec.gpu.memory} is less than 1Gi: not a GPU vLLM can serve from")
         p.gpu_memory = None
@@ -246,20 +247,9 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
     p.kv_bytes_per_token = kv_bytes_per_token(arch, tp, kv_dtype, elem)
     s.kv, s.kv_dtype = kv, kv_dtype
     if kv <= 0:
-        hint = "use a bigger GPU"
-        for t in (2, 4, 8, 16, 32, 64):
-            if t <= tp or not tp_shards_evenly(arch, t):
-                continue
-            need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, elem)
-                    + activation_bytes(arch, t, batched, seqs, elem, terms, longest, limits)
-                    + non_torch_bytes(t, terms)
-                    + graphs)
-            if need < budget:
-                hint = f"use more GPUs (gpu.count: {t} leaves room for the KV cache)"
-                break
         p.problem("spec.gpu", f"the model does not fit: weights {gib(weights)} + activations {gib(activation)} + "
                   f"overheads {gib(non_torch + graphs)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
-                  f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
+                  f"what would fit: {'; '.join(_fit_suggestions(p, s, activation, longest, limits))}", DOES_NOT_FIT)
         return False
     block = int(assumption("block_size"))
     layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms, is_pooling(arch))
@@ -279,6 +269,33 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
     profile_notes(p, s, longest, limits)
     s.layout, s.in_flight, s.fit_limit = layout, in_flight, fit_limit
     return True
+
+
+def _fit_suggestions(p: Plan, s: Sizing, activation: int, longest: int, limits: dict[str, int]) -> list[str]:
+    """What would close the gap of a model that does not fit, each only where it would: more GPUs (the smallest
+    gpu.count that leaves room for a KV cache), a GPU with more memory, 4-bit or 8-bit weights; a smaller batch
+    only where the activations, not the weights, overflow the budget."""
+    arch, tp, budget, weights, graphs = s.arch, p.tensor_parallel_size, s.budget, s.weights, s.graphs
+    fixed = non_torch_bytes(tp, s.terms) + graphs
+    out = []
+    for t in (2, 4, 8, 16, 32, 64):
+        if t <= tp or not tp_shards_evenly(arch, t):
+            continue
+        need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, s.elem)
+                + activation_bytes(arch, t, s.batched, s.seqs, s.elem, s.terms, longest, limits)
+                + non_torch_bytes(t, s.terms) + graphs)
+        if need < budget:
+            out.append(f"more GPUs (gpu.count: {t} leaves room for the KV cache)")
+            break
+    share = budget / p.gpu_memory if p.gpu_memory else 0.9
+    out.append(f"a GPU with more memory (over {gib(int((weights + activation + fixed) / share))} each at this "
+               f"count, before the KV cache)")
+    if p.spec.model.quantization in (None, "none") and s.elem >= 2:
+        out.append(f"a quantized checkpoint: 4-bit weights take about {gib(weights // 4)} here (model.quantization: "
+                   f"awq_marlin, gptq_marlin), 8-bit about {gib(weights // 2)} (fp8)")
+    if weights + fixed < budget:  # the activations tip it over: a smaller batch shrinks them
+        out.append("or a smaller engine.maxNumBatchedTokens (the activation peak grows with it)")
+    return out
 
 
 def profile_notes(p: Plan, s: Sizing, longest: int, limits: dict[str, int]) -> None:
@@ -312,7 +329,8 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
         elif length > fit_limit:
             p.problem("spec.engine.maxModelLen", f"{length} tokens do not fit the KV cache ({p.kv_cache_tokens} "
                       f"tokens, {gib(kv)} per GPU) with a {int(100 - assumption('context_headroom') * 100)}% margin; the largest "
-                      f"length that fits is {fit_limit}. Lower maxModelLen, add GPUs, or use kvCacheDtype: fp8")
+                      f"length that fits is {fit_limit}. Lower maxModelLen, add GPUs, or use kvCacheDtype: fp8",
+                      DOES_NOT_FIT)
         len_why = "pinned by engine.maxModelLen"
     else:
         requested = prof.max_context_tokens or model_limit
@@ -343,7 +361,7 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
                           "p95 figures")
             else:
                 p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
-                          f"({typical} tokens); add GPUs or use a quantized model")
+                          f"({typical} tokens); add GPUs or use a quantized model", DOES_NOT_FIT)
     p.max_model_len = length
     if length > 0 and not arch.encoder_only and s.layout is not None:
         p.kv_cache_tokens = s.layout.tokens(kv, length, s.in_flight)
