@@ -83,8 +83,22 @@ def format_validation_error(err: pydantic.ValidationError, root: type[pydantic.B
     return [line for path, line in lines if not (path in suggested and line.endswith("required field is missing"))]
 
 
+#: Fields whose refusal pydantic's wording does not explain, by the end of their path and pydantic's error type;
+#: the one place for each message (the API server's own is the CRD's `minimum`).
+FIELD_MESSAGES: dict[tuple[tuple[str, ...], str], str] = {
+    (("autoscaling", "minReplicas"), "greater_than_equal"):
+        "scaling to zero is not supported: the autoscaler keeps at least one replica, since it reads the queue "
+        "from the running pods; set minReplicas: 1 (or autoscaling.enabled: false and replicas: 0 to stop the "
+        "server)",
+}
+
+
 def _message(error: Any) -> str:
-    """pydantic's message, in words for the one pattern whose reason it cannot say."""
+    """pydantic's message, in words where it cannot say the reason (FIELD_MESSAGES, a flag-like value)."""
+    loc = tuple(str(part) for part in error["loc"])
+    for (suffix, kind), message in FIELD_MESSAGES.items():
+        if error["type"] == kind and loc[-len(suffix):] == suffix:
+            return message
     if error["type"] == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == api.NOT_A_FLAG_PATTERN:
         return "must not start with '-': vLLM would read it as a flag"
     return error["msg"]

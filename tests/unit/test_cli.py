@@ -401,3 +401,40 @@ def test_a_model_too_large_is_told_what_would_fit_not_a_smaller_batch(capsys, tm
     _, _, err = run(capsys, "plan", "--offline", str(path))
     assert "more GPUs (gpu.count: 8" in err and "a GPU with more memory" in err and "4-bit weights" in err
     assert "maxNumBatchedTokens" not in err
+
+
+def test_min_replicas_zero_is_told_in_words(capsys, tmp_path):
+    doc = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())
+    doc["spec"]["autoscaling"]["minReplicas"] = 0
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc, _, err = run(capsys, "plan", "--offline", str(path))
+    assert rc == 1 and "spec.autoscaling.minReplicas: scaling to zero is not supported" in err
+    assert "greater than or equal" not in err
+
+
+def _unknown(tmp_path: Path, architecture: dict | None = None) -> Path:
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["model"] = {"name": "acme/unknown-7b", **({"architecture": architecture} if architecture else {})}
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_outside_the_catalog_the_message_names_offline_a_mirror_and_a_local_config(capsys, tmp_path):
+    rc, _, err = run(capsys, "plan", "--offline", str(_unknown(tmp_path)))
+    assert rc == 1
+    for words in ("--model-config PATH", "spec.model.configURL", "--hf-endpoint URL", "--offline",
+                  "under spec.model.architecture"):
+        assert words in err, words
+
+
+def test_a_hub_that_fails_is_a_note_with_how_to_plan_without_it(capsys, tmp_path):
+    """Issue 20 item 6: the Hub's failure is said, with how to plan offline or against a mirror (port 9 of the
+    loopback: nothing listens, the lookup fails at once)."""
+    path = _unknown(tmp_path, {"numLayers": 32, "numAttentionHeads": 32, "hiddenSize": 4096, "intermediateSize": 11008,
+                               "vocabSize": 32000, "maxPositionEmbeddings": 4096})
+    rc, out, err = run(capsys, "plan", "--hf-endpoint", "http://127.0.0.1:9", str(path))
+    assert rc == 0, err
+    [note] = [line for line in out.splitlines() if "the Hub at http://127.0.0.1:9" in line]
+    assert "planned from spec.model.architecture" in note and "--offline" in note and "--hf-endpoint URL" in note

@@ -85,14 +85,18 @@ class UnknownModelError(ValueError):
         self.model = model
         self.missing = list(missing)
         fields = ", ".join(self.missing)
+        found = f" ({detail})" if detail else ""
         message = (
-            f"model {model!r} is not in the built-in catalog and its architecture is incomplete: "
-            f"set {fields} under spec.model.architecture, or set spec.model.configURL to the "
-            f"URL of the model's config.json"
+            f"model {model!r} is not in the built-in catalog and its architecture is incomplete{found}: give its "
+            f"config.json (spec.model.configURL, or for `plan` a local copy: --model-config PATH), look it up on "
+            f"the Hub or a mirror (--hf-endpoint URL; not --offline), or set {fields} under spec.model.architecture"
         )
-        if detail:
-            message += f" ({detail})"
         super().__init__(message)
+
+
+#: How to plan a model outside the catalog without the public Hub: the one place for these words.
+HUB_ADVICE = ("Without the Hub: --offline with the model's config.json (plan --model-config PATH, or "
+              "spec.model.configURL), or a mirror (--hf-endpoint URL, HF_ENDPOINT)")
 
 
 # --------------------------------------------------------------------------- data

@@ -25,8 +25,8 @@ from . import fetch as net
 from . import hub
 from ..api import ModelArchitecture, ModelSpec
 from ..catalog.config import _out_of_range, architecture_from_config
-from ..catalog.models import (ARCH_FIELDS, CAMEL, ResolvedModel, UnknownModelError, _catalog_source, _estimate,
-                              lookup_model)
+from ..catalog.models import (ARCH_FIELDS, CAMEL, HUB_ADVICE, ResolvedModel, UnknownModelError, _catalog_source,
+                              _estimate, lookup_model)
 
 #: The largest config.json read. Real ones are under 100 KB (most under 10 KB; the long ones list
 #: id2label maps or quantization ignore lists), so 1 MiB is ten times that, and parsing 1 MiB of the
@@ -173,6 +173,8 @@ def resolve_model(
     _from_spec(facts, model)
     estimated = _derive_shapes(facts.fields)
     _refuse_incomplete(model.name, facts, estimated)
+    if facts.fetch_problem:  # planned all the same, from the spec: say what the lookup cost and how to skip it
+        facts.notes = (*facts.notes, f"{facts.fetch_problem}; planned from spec.model.architecture. {HUB_ADVICE}")
     if facts.from_hub and facts.fields.get("parameter_count") and not _spec_counts(model):
         facts.notes = (*facts.notes, _exact_count_note(facts.fields))
     _estimate_the_rest(model.name, facts.fields, estimated)
