@@ -433,7 +433,7 @@ def test_a_hub_that_fails_is_a_note_with_how_to_plan_without_it(capsys, tmp_path
     """Issue 20 item 6: the Hub's failure is said, with how to plan offline or against a mirror (port 9 of the
     loopback: nothing listens, the lookup fails at once)."""
     path = _unknown(tmp_path, {"numLayers": 32, "numAttentionHeads": 32, "hiddenSize": 4096, "intermediateSize": 11008,
-                               "vocabSize": 32000, "maxPositionEmbeddings": 4096})
+                               "vocabSize": 32000, "maxPositionEmbeddings": 32768})
     rc, out, err = run(capsys, "plan", "--hf-endpoint", "http://127.0.0.1:9", str(path))
     assert rc == 0, err
     [note] = [line for line in out.splitlines() if "the Hub at http://127.0.0.1:9" in line]
