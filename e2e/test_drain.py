@@ -33,11 +33,18 @@ from e2e.testbed.vllm_env import free_port, start_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The tiny model's context is 2,048 positions; at ~300 tokens/s here a 1,900-token stream lasts
-#: several seconds, and much longer while the 2 cores are shared.
+#: several seconds, and minutes while the 2 cores are shared (~12 tokens/s seen under a second suite).
 MAX_MODEL_LEN = 2048
 MAX_TOKENS = 1900
 #: SIGTERM once this many tokens have arrived: the stream is well under way and far from done.
 SIGTERM_AFTER_TOKENS = 100
+#: The drained part of the stream is sized to last at most this share of --shutdown-timeout at the speed measured
+#: just before: the machine may slow down by this factor during the drain and the stream still ends in time.
+DRAIN_SHARE = 1 / 3
+#: Tokens of the probe stream that measures the server's speed, and the fewest tokens a drain must carry to
+#: show that the server kept decoding after SIGTERM (the control case loses all but those in flight).
+PROBE_TOKENS = 48
+MIN_DRAINED_TOKENS = 30
 
 
 def _planned_shutdown(shutdown_timeout_seconds=None) -> tuple[int, int]:
@@ -96,6 +103,7 @@ class Stream:
         self.done_marker = False
         self.error: str | None = None
         self.first_token = threading.Event()
+        self.first_token_at: float | None = None
         self.progress = threading.Condition()
         self.finished = threading.Event()
         self.ended_at: float | None = None
@@ -124,6 +132,8 @@ class Stream:
                         got = len((choice.get("logprobs") or {}).get("tokens") or [])
                         if got:
                             with self.progress:
+                                if self.first_token_at is None:
+                                    self.first_token_at = time.monotonic()
                                 self.tokens += got
                                 self.progress.notify_all()
                         if choice.get("finish_reason"):
@@ -150,9 +160,31 @@ class Stream:
                 "done_marker": self.done_marker, "error": self.error}
 
 
-def _sigterm_mid_stream(tmp_path: Path, shutdown_timeout: int, kill_after: int, host: str):
-    """Start vLLM with --shutdown-timeout, stream MAX_TOKENS, SIGTERM its API server mid-stream, and SIGKILL it
-    ``kill_after`` seconds later if it still runs (the kubelet at the end of terminationGracePeriodSeconds).
+def tokens_per_second(base_url: str) -> float:
+    """The server's decoding speed now: a PROBE_TOKENS stream, from its first token to its last."""
+    probe = Stream(base_url, PROBE_TOKENS)
+    assert probe.finished.wait(120), "the probe stream did not finish in 120 s"
+    assert probe.tokens == PROBE_TOKENS and probe.first_token_at is not None, probe.summary()
+    assert probe.ended_at is not None
+    return (probe.tokens - 1) / max(probe.ended_at - probe.first_token_at, 1e-3)
+
+
+def drain_sized(rate: float, shutdown_timeout: int) -> tuple[int, int]:
+    """(max_tokens, the tokens before SIGTERM) for a stream whose drained part lasts DRAIN_SHARE of the timeout
+    at `rate` tokens/s: the drain test then holds on a fast machine and on a loaded one alike, where a fixed
+    1,900 tokens needed 150 s at 12 tokens/s against the planner's 30 s."""
+    drained = min(int(rate * shutdown_timeout * DRAIN_SHARE), MAX_TOKENS - SIGTERM_AFTER_TOKENS)
+    assert drained >= MIN_DRAINED_TOKENS, f"{rate:.1f} tokens/s: too slow to drain even {MIN_DRAINED_TOKENS} " \
+                                          f"tokens in {DRAIN_SHARE:.0%} of {shutdown_timeout} s"
+    before = min(SIGTERM_AFTER_TOKENS, drained // 2)
+    return before + drained, before
+
+
+def _sigterm_mid_stream(tmp_path: Path, shutdown_timeout: int, kill_after: int, host: str,
+                        sized: bool = False):
+    """Start vLLM with --shutdown-timeout, stream MAX_TOKENS (`sized`: as many as drain in DRAIN_SHARE of the
+    timeout at the speed measured first), SIGTERM its API server mid-stream, and SIGKILL it ``kill_after`` seconds
+    later if it still runs (the kubelet at the end of terminationGracePeriodSeconds).
 
     Returns (stream, seconds from SIGTERM to the API server's exit, killed: whether it took the SIGKILL,
     seconds from SIGTERM to the stream's end, the server)."""
@@ -162,8 +194,13 @@ def _sigterm_mid_stream(tmp_path: Path, shutdown_timeout: int, kill_after: int, 
     try:
         proc.wait_healthy(300)
         api_pid = _api_server_pid(proc)
-        stream = Stream(proc.base_url, MAX_TOKENS)
-        stream.wait_tokens(SIGTERM_AFTER_TOKENS, timeout=60)
+        max_tokens, before = MAX_TOKENS, SIGTERM_AFTER_TOKENS
+        if sized:
+            rate = tokens_per_second(proc.base_url)
+            max_tokens, before = drain_sized(rate, shutdown_timeout)
+            print(f"measured {rate:.1f} tokens/s: a stream of {max_tokens} tokens, SIGTERM after {before}")
+        stream = Stream(proc.base_url, max_tokens)
+        stream.wait_tokens(before, timeout=120)
         sent_at = time.monotonic()
         os.kill(api_pid, signal.SIGTERM)  # what the kubelet sends once preStop is over
         stream.tokens_at_sigterm = stream.tokens
@@ -187,15 +224,20 @@ def _sigterm_mid_stream(tmp_path: Path, shutdown_timeout: int, kill_after: int, 
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 def test_sigterm_mid_stream_drains_every_token_with_the_planned_shutdown_timeout(tmp_path):
+    """The stream is sized from the server's measured speed (drain_sized), so that what is left at SIGTERM drains
+    within the planned timeout on this machine whatever its load; the control below shows the same server cuts it
+    without one."""
     timeout, kill_after = _planned_shutdown()
     assert timeout >= 30  # the planner's floor
     stream, exited_after, killed, stream_after, proc = _sigterm_mid_stream(tmp_path, timeout, kill_after,
-                                                                           "127.0.0.42")
-    assert stream.tokens_at_sigterm < MAX_TOKENS // 2, stream.summary()  # SIGTERM came early in the stream
+                                                                           "127.0.0.42", sized=True)
+    assert stream.tokens_at_sigterm is not None and stream.tokens_at_sigterm <= stream.max_tokens // 2, \
+        stream.summary()  # SIGTERM came early in the stream
+    assert stream.max_tokens - stream.tokens_at_sigterm >= MIN_DRAINED_TOKENS, stream.summary()
     assert stream.error is None, stream.summary()
     assert stream.finish_reason == "length", stream.summary()
-    assert stream.usage["completion_tokens"] == MAX_TOKENS, stream.summary()
-    assert stream.tokens == MAX_TOKENS, stream.summary()  # counted one by one: none lost
+    assert stream.usage["completion_tokens"] == stream.max_tokens, stream.summary()
+    assert stream.tokens == stream.max_tokens, stream.summary()  # counted one by one: none lost
     assert stream.done_marker, stream.summary()
     # the stream finished within the drain, and vLLM then exited by itself before the kubelet's SIGKILL
     assert stream_after < timeout, stream.summary()
