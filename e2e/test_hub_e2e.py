@@ -20,7 +20,11 @@ pytestmark = [pytest.mark.apiserver]
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "hub"
 SAFETENSORS = json.loads((DATA / "safetensors.json").read_text())
-QWEN_MOE, LLAMA_GATED = "Qwen/Qwen3-30B-A3B", "meta-llama/Llama-3.2-1B"
+#: The stored Qwen3-30B-A3B (tests/data/hub) is in the catalog; served under another organisation's id, as a
+#: re-published copy, it is outside it (the catalog matches an organisation's own ids only) and looked up on the Hub.
+STORED_MOE, QWEN_MOE, LLAMA_GATED = "Qwen/Qwen3-30B-A3B", "qwen-mirror/Qwen3-30B-A3B", "meta-llama/Llama-3.2-1B"
+REPOS = {(QWEN_MOE if repo == STORED_MOE else repo): DATA / repo for repo in SAFETENSORS}
+SERVED = {(QWEN_MOE if repo == STORED_MOE else repo): facts for repo, facts in SAFETENSORS.items()}
 TOKEN = "hf_operator_token_for_e2e"
 
 
@@ -35,7 +39,7 @@ def test_the_operator_process_plans_hub_models_public_and_gated(control_plane, c
     token = tmp_path / "hf-token" / "token"
     token.parent.mkdir()
     token.write_text(TOKEN)
-    with HubServer({repo: DATA / repo for repo in SAFETENSORS}, safetensors=SAFETENSORS,
+    with HubServer(REPOS, safetensors=SERVED,
                    gated={LLAMA_GATED: TOKEN}) as stand_in:
         proc = OperatorProcess(control_plane.kubeconfig, tmp_path / "operator.log", resync_seconds=3,
                                extra_args=["-n", namespace, "--hf-endpoint", stand_in.base,

@@ -104,6 +104,27 @@ def test_known_exact_parameter_counts():
     assert lookup_model("Qwen/Qwen2.5-7B-Instruct").parameter_count == 7_615_616_512
 
 
+@pytest.mark.parametrize(("model_id", "config"), [
+    ("Qwen/Qwen3-30B-A3B", Path(__file__).parents[1] / "data" / "hub" / "Qwen" / "Qwen3-30B-A3B" / "config.json"),
+    ("Qwen/Qwen3-235B-A22B", Path(__file__).parents[1] / "data" / "configs" / "Qwen3-235B-A22B-FP8.config.json"),
+])
+def test_qwen3_moe_entries_are_their_stored_configs_and_exact_counts(model_id, config):
+    """Issue 20 item 6: the Qwen3 MoE entries hold the shapes of their stored config.json (the FP8 checkpoint's for
+    235B-A22B: the same shapes), and the exact count is the shapes' plus the routers and the q/k norms, which the
+    Hub's safetensors metadata gives for 30B-A3B (tests/data/hub/safetensors.json)."""
+    entry = lookup_model(model_id)
+    stored = architecture_from_config(json.loads(config.read_text()))
+    shapes = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size",
+              "vocab_size", "max_position_embeddings", "num_experts", "tie_word_embeddings")
+    assert {k: getattr(entry, k) for k in shapes} == {k: getattr(stored, k) for k in shapes}
+    routers, qk_norms = entry.num_layers * entry.num_experts * entry.hidden_size, entry.num_layers * 2 * entry.head_dim
+    estimate = estimate_parameter_count(**{k: getattr(entry, k) for k in shapes if k != "max_position_embeddings"})
+    assert entry.parameter_count == estimate + routers + qk_norms
+    hub_counts = json.loads((Path(__file__).parents[1] / "data" / "hub" / "safetensors.json").read_text())
+    if model_id in hub_counts:
+        assert entry.parameter_count == hub_counts[model_id]["total"]
+
+
 def test_shapes_that_are_not_hidden_over_heads():
     assert lookup_model("mistralai/Mistral-Small-24B-Instruct-2501").head_dim == 128
     assert lookup_model("Qwen/Qwen3-4B").head_dim == 128

@@ -19,13 +19,17 @@ from vllm_operator.sources import hub, model_facts
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "hub"
 SAFETENSORS = json.loads((DATA / "safetensors.json").read_text())
-QWEN_MOE, LLAMA_GATED = "Qwen/Qwen3-30B-A3B", "meta-llama/Llama-3.2-1B"
+#: The stored Qwen3-30B-A3B (tests/data/hub) is in the catalog; served under another organisation's id, as a
+#: re-published copy, it is outside it (the catalog matches an organisation's own ids only) and looked up on the Hub.
+STORED_MOE, QWEN_MOE, LLAMA_GATED = "Qwen/Qwen3-30B-A3B", "qwen-mirror/Qwen3-30B-A3B", "meta-llama/Llama-3.2-1B"
+REPOS = {(QWEN_MOE if repo == STORED_MOE else repo): DATA / repo for repo in SAFETENSORS}
+SERVED = {(QWEN_MOE if repo == STORED_MOE else repo): facts for repo, facts in SAFETENSORS.items()}
 TOKEN = "hf_operator_token_for_tests"
 
 
 @pytest.fixture
 def stand_in():
-    with HubServer({repo: DATA / repo for repo in SAFETENSORS}, safetensors=SAFETENSORS,
+    with HubServer(REPOS, safetensors=SERVED,
                    gated={LLAMA_GATED: TOKEN}, renamed={"Qwen/Qwen3-MoE-old-name": QWEN_MOE}) as server:
         yield server
 
@@ -51,7 +55,7 @@ def test_where_models_are_looked_up():
 # --------------------------------------------------------------------------- the lookup
 def test_a_lookup_reads_config_json_and_the_exact_parameter_count(stand_in):
     facts = hub.lookup(QWEN_MOE, endpoint=stand_in.base)
-    assert facts.config == json.loads((DATA / QWEN_MOE / "config.json").read_text())
+    assert facts.config == json.loads((DATA / STORED_MOE / "config.json").read_text())
     assert facts.parameters == {"BF16": 30_532_122_624} and facts.total == 30_532_122_624
     assert facts.sha and len(facts.sha) == 40
     # the model API once (no weight file, no LFS), then config.json at the commit it resolved to
