@@ -374,6 +374,13 @@ def select_gpu(gpu: api.GPUSpec) -> GPUSelection:
     resource = MIG_RESOURCE_PREFIX + mig if mig and not single and gpu.label_convention != "GKE" else GPU_RESOURCE
     if gpu.resource_name:  # a renamed device-plugin resource (nvidia.com/gpu.shared); the CRD keeps it off MIG
         resource = gpu.resource_name
+        # The CRD's two rules on resourceName (api.GPUSpec), for `plan`: the API server refuses both.
+        if gpu.mig_profile:
+            draft.problem("spec.gpu.resourceName", "set migProfile (the resource is nvidia.com/mig-<profile>) or "
+                          "resourceName, not both")
+        elif gpu.resource_name.startswith(MIG_RESOURCE_PREFIX):
+            draft.problem("spec.gpu.resourceName", "a MIG slice is requested through migProfile, which also plans "
+                          "with the slice's memory")
     if not gpu.product:
         return _without_product(draft, mig, resource)
     if match is None:
