@@ -63,6 +63,9 @@ FIRST_HOUR: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
     ("a GPU that does not exist", _set("gpu.product", "H100x")),
     ("a model outside the catalog", _set("model.name", "acme/unknown-7b")),
     ("a model too large for its GPU", _set("model.name", "meta-llama/Llama-3.3-70B-Instruct")),
+    ("migProfile and resourceName", lambda doc: doc["spec"]["gpu"].update(
+        {"product": "NVIDIA-A100-SXM4-80GB", "migProfile": "3g.40gb", "resourceName": "nvidia.com/gpu.shared"})),
+    ("minReplicas 0", _set("autoscaling", {"enabled": True, "minReplicas": 0, "maxReplicas": 2})),
 ]
 
 
