@@ -244,7 +244,7 @@ def quantization_problems(spec: VLLMServerSpec, arch: Architecture) -> list[Prob
         said = "a method vLLM does not know here" if checkpoint == "other" else checkpoint
         return [Problem(field, f"{wanted} contradicts the checkpoint, whose config.json says it is quantized with "
                         f"{said}: set quantization none (vLLM then reads the checkpoint's method)"
-                        + (f" or {checkpoint}" if checkpoint != "other" else ""))]
+                        + (f" or {checkpoint}" if checkpoint in QUANTIZATION_CHOICES else ""))]
     return []
 
 

@@ -125,6 +125,23 @@ def test_qwen3_moe_entries_are_their_stored_configs_and_exact_counts(model_id, c
         assert entry.parameter_count == hub_counts[model_id]["total"]
 
 
+@pytest.mark.parametrize(("model_id", "row"), [("openai/gpt-oss-20b", "llmd-gpt-oss-20b-h100"),
+                                              ("openai/gpt-oss-120b", "llmd-gpt-oss-120b-h100")])
+def test_gpt_oss_entries_size_mxfp4_weights_as_vllm_logged_them(model_id, row):
+    """Issue 20 item 6: gpt-oss stores its experts in MXFP4 and the rest in 16-bit; sized so, its weights are what
+    vLLM logged on an H100 (llm-d's table in tests/data/kv_capacity_evidence.yaml) within 1%, where 16-bit sizing
+    would have said 39 and 218 GiB. The entry's shapes are its stored config.json's."""
+    from vllm_operator.planner.memory import weight_bytes
+
+    entry = lookup_model(model_id)
+    stored = architecture_from_config(json.loads((Path(__file__).parents[1] / "data" / "configs" /
+                                                  f"{model_id.split('/')[1]}.config.json").read_text()))
+    assert entry.model_copy(update={"parameter_count": None}) == stored
+    evidence = yaml.safe_load((Path(__file__).parents[1] / "data" / "kv_capacity_evidence.yaml").read_text())
+    [logged] = [r["logged"]["weights_gib"] for r in evidence["rows"] if r["id"] == row]
+    assert weight_bytes(entry, entry.quantization, 2) / 2**30 == pytest.approx(logged, rel=0.01)
+
+
 def test_shapes_that_are_not_hidden_over_heads():
     assert lookup_model("mistralai/Mistral-Small-24B-Instruct-2501").head_dim == 128
     assert lookup_model("Qwen/Qwen3-4B").head_dim == 128

@@ -92,7 +92,7 @@ class ModelArchitecture(_Model):
     torch_dtype: Optional[Literal["bfloat16", "float16", "float32"]] = Field(None, alias="torchDtype")
     """The dtype the checkpoint is stored in (config.json: torch_dtype); used for dtype: auto."""
     quantization: Optional[Literal["none", "awq", "gptq", "fp8", "compressed-tensors", "bitsandbytes", "gguf",
-                                   "other"]] = None
+                                   "mxfp4", "other"]] = None
     """How the checkpoint's weights are quantized (config.json: quantization_config.quant_method; none: a checkpoint
     without one). It decides over model.quantization: a contradicting method is refused, and with model.quantization
     none the weights are sized as the checkpoint stores them."""

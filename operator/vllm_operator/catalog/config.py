@@ -225,7 +225,8 @@ def sliding_window_facts(cfg: dict[str, Any], num_layers: Optional[int]) -> tupl
 #: quantization_config.quant_method as the Hub's configs write it -> ModelArchitecture.quantization. Anything else is
 #: "other": a fetched value is never echoed into a status.
 _QUANT_METHODS = {"awq": "awq", "gptq": "gptq", "fp8": "fp8", "compressed-tensors": "compressed-tensors",
-                  "compressed_tensors": "compressed-tensors", "bitsandbytes": "bitsandbytes", "gguf": "gguf"}
+                  "compressed_tensors": "compressed-tensors", "bitsandbytes": "bitsandbytes", "gguf": "gguf",
+                  "mxfp4": "mxfp4"}
 
 
 def checkpoint_quantization(config: dict[str, Any]) -> str:

@@ -36,6 +36,12 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
     ),
     "context_headroom": (0.90, "derived --max-model-len stays within 90% of the estimated KV tokens"),
     "quant_overhead": (1.03, "scales and zero points of 4-bit group quantization (group size 128)"),
+    "mxfp4_overhead": (
+        3072 / 2880,
+        "MXFP4 experts as vLLM 0.11 holds them on an H100, fitted to llm-d's logged weights: gpt-oss-20b 13.47 GiB "
+        "(planned 13.45), gpt-oss-120b 64.38 GiB (planned 64.55); the factor is what padding the experts' 2880 to "
+        "3072 gives. An A100 at TP 4 (Marlin) logged 17.22 GiB per GPU for gpt-oss-120b, 1.1 GiB more than this",
+    ),
     "load_bandwidth": (200e6, "conservative bytes/s to download or read weights at start"),
     "engine_init_seconds": (240, "engine start after weights: profiling, torch.compile, CUDA graphs"),
     "startup_floor_seconds": (600, "never give a model less than this to start"),
@@ -175,4 +181,6 @@ BYTES_PER_WEIGHT = {
     "bitsandbytes": 0.5,
     "gguf": 0.6,  # ~4.8 bits for Q4_K_M, the common choice
     "compressed-tensors": 1.0,  # W8A8 is the common case; 4-bit checkpoints are smaller
+    # gpt-oss: 4-bit values with one 8-bit scale per 32 (4.25 bits), on the MoE experts only (weight_bytes)
+    "mxfp4": 4.25 / 8,
 }

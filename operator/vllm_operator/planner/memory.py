@@ -148,6 +148,12 @@ def weight_bytes(arch: Architecture, quantization: str, elem_bytes: int) -> int:
     per = BYTES_PER_WEIGHT[quantization]
     if per is None:
         return params * elem_bytes
+    if quantization == "mxfp4" and arch.num_experts:
+        # MXFP4 checkpoints (gpt-oss) quantize the experts' three matrices only: their quantization_config's
+        # modules_to_not_convert keeps attention, the router and the embeddings in 16-bit. With the kernels'
+        # padding and scales (mxfp4_overhead) they come to the weights vLLM logged for gpt-oss on an H100.
+        experts = min(arch.num_layers * arch.num_experts * 3 * arch.hidden_size * arch.intermediate_size, params)
+        return int(experts * per * assumption("mxfp4_overhead") + (params - experts) * elem_bytes)
     embed = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
     embed = min(embed, params)
     overhead = assumption("quant_overhead") if per < 1 else 1.0
