@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import pydantic
 import yaml
 
 from . import api
+
+if TYPE_CHECKING:
+    import jsonschema
 
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     """Inline $refs and turn pydantic's JSON Schema into a structural schema."""
@@ -100,11 +102,13 @@ def openapi_schema() -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=1)
-def _validator() -> jsonschema.Draft4Validator:
+def _validator() -> "jsonschema.Draft4Validator":
     """A validator of the CRD's schema. Its bounds (maxLength, maxProperties, maxItems, patterns, enums, minimum
     and maximum, with OpenAPI 3.0's boolean exclusiveMinimum: JSON Schema draft 4) are the API server's; its
     Kubernetes extensions (x-kubernetes-*: CEL rules, list types, int-or-string) are not read here: the pydantic
     models hold an equivalent of each CEL rule, and tests/apiserver/test_plan_verdict.py checks both agree."""
+    import jsonschema  # imported when a document is first checked: the operator, which never does, skips it
+
     return jsonschema.Draft4Validator(openapi_schema())
 
 
@@ -125,7 +129,7 @@ def schema_problems(document: dict[str, Any], only: tuple[str, ...] = ()) -> lis
     return out
 
 
-def _schema_message(error: jsonschema.ValidationError) -> str:
+def _schema_message(error: "jsonschema.ValidationError") -> str:
     """The API server's wording where it is short, without quoting a long value back."""
     value, bound = error.instance, error.validator_value
     if error.validator == "maxLength":

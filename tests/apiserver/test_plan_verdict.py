@@ -66,6 +66,7 @@ FIRST_HOUR: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
     ("migProfile and resourceName", lambda doc: doc["spec"]["gpu"].update(
         {"product": "NVIDIA-A100-SXM4-80GB", "migProfile": "3g.40gb", "resourceName": "nvidia.com/gpu.shared"})),
     ("minReplicas 0", _set("autoscaling", {"enabled": True, "minReplicas": 0, "maxReplicas": 2})),
+    ("GPUs in resources.requests", _set("resources", {"requests": {"nvidia.com/gpu": "1"}})),
 ]
 
 
@@ -76,6 +77,7 @@ def _cases() -> list[tuple[str, dict[str, Any]]]:
         change(doc)
         cases.append((name, doc))
     cases += [(case, server("verdict", **changes)) for case, changes, _, _ in REFUSED]
+    cases += [(f"name {name}", server(name)) for name in ("a" * 52, "a" * 53, "9llama")]
     for path in sorted((ROOT / "examples").glob("*.yaml")):
         doc = yaml.safe_load(path.read_text())
         doc["metadata"] = {"name": "verdict"}
