@@ -42,6 +42,13 @@ MULTIMODAL = {
     "google/gemma-3-12b-it": "SigLIP vision tower (~417M) + projector counted in the checkpoint",
     "google/gemma-3-27b-it": "SigLIP vision tower (~417M) + projector counted in the checkpoint",
 }
+#: Models whose shapes the gated-MLP estimate does not describe, with why; their counts are recounted exactly from
+#: their own shapes (test_deepseek_v3_count_is_its_shapes) and held within SHAPES_LIMIT of the estimate.
+SHAPES_LEAVE_OUT = {
+    "deepseek-ai/DeepSeek-V3": "MLA's low-rank projections, 3 dense layers and a shared expert",
+    "deepseek-ai/DeepSeek-R1": "MLA's low-rank projections, 3 dense layers and a shared expert",
+}
+SHAPES_LIMIT = 0.05
 RAW_MODELS = yaml.safe_load(resources.files("vllm_operator.catalog").joinpath("models.yaml").read_text())["models"]
 RAW_GPUS = yaml.safe_load(resources.files("vllm_operator.catalog").joinpath("gpus.yaml").read_text())["gpus"]
 RAW_GPU = {entry["product"]: entry for entry in RAW_GPUS}
@@ -94,7 +101,9 @@ def test_every_model_is_complete_and_consistent(model_id):
     error = abs(arch.parameter_count - estimate) / estimate
     limit = 0.15
     assert error <= limit, f"{model_id}: {arch.parameter_count:,} vs shape estimate {estimate:,} ({error:.1%})"
-    if model_id not in MULTIMODAL:
+    if model_id in SHAPES_LEAVE_OUT:
+        assert error <= SHAPES_LIMIT, f"{model_id}: {SHAPES_LEAVE_OUT[model_id]} ({error:.2%})"
+    elif model_id not in MULTIMODAL:
         assert error <= 0.01, f"{model_id}: dense text model should match its shapes within 1% ({error:.2%})"
 
 
@@ -140,6 +149,22 @@ def test_gpt_oss_entries_size_mxfp4_weights_as_vllm_logged_them(model_id, row):
     evidence = yaml.safe_load((Path(__file__).parents[1] / "data" / "kv_capacity_evidence.yaml").read_text())
     [logged] = [r["logged"]["weights_gib"] for r in evidence["rows"] if r["id"] == row]
     assert weight_bytes(entry, entry.quantization, 2) / 2**30 == pytest.approx(logged, rel=0.01)
+
+
+@pytest.mark.parametrize("model_id", sorted(SHAPES_LEAVE_OUT))
+def test_deepseek_v3_count_is_its_shapes(model_id):
+    """Issue 20 item 6: DeepSeek-V3 and -R1 (one architecture), counted tensor by tensor from config.json: MLA
+    (q_lora_rank 1536, kv_lora_rank 512, qk_nope 128 + qk_rope 64, v_head_dim 128), 3 dense layers of 18432, 58 MoE
+    layers of 256 routed + 1 shared experts of 2048 with a router and its correction bias, two norms a layer."""
+    arch = lookup_model(model_id)
+    h, heads, layers, dense, q_rank, kv_rank, nope, rope, v_dim = 7168, 128, 61, 3, 1536, 512, 128, 64, 128
+    mla = (h * q_rank + q_rank + q_rank * heads * (nope + rope) + h * (kv_rank + rope) + kv_rank
+           + kv_rank * heads * (nope + v_dim) + heads * v_dim * h)
+    moe = (arch.num_experts + 1) * 3 * h * arch.intermediate_size + arch.num_experts * h + arch.num_experts
+    count = (2 * arch.vocab_size * h + layers * (mla + 2 * h) + dense * 3 * h * 18432 + (layers - dense) * moe + h)
+    assert (arch.hidden_size, arch.num_attention_heads, arch.num_layers) == (h, heads, layers)
+    assert arch.parameter_count == count == 671_026_419_200
+    assert (arch.kv_lora_rank, arch.qk_rope_head_dim, arch.quantization) == (kv_rank, rope, "fp8")
 
 
 def test_shapes_that_are_not_hidden_over_heads():
