@@ -438,3 +438,17 @@ def test_a_hub_that_fails_is_a_note_with_how_to_plan_without_it(capsys, tmp_path
     assert rc == 0, err
     [note] = [line for line in out.splitlines() if "the Hub at http://127.0.0.1:9" in line]
     assert "planned from spec.model.architecture" in note and "--offline" in note and "--hf-endpoint URL" in note
+
+
+def test_plan_takes_the_operators_url_settings(capsys, tmp_path):
+    """docs/security.md: `plan` refuses a configURL outside the operator's allowed URLs (by default the public Hub
+    and --hf-endpoint), and --allowed-config-url allows it as it does on `run` (then the fetch itself fails here:
+    nothing listens on port 9 of the loopback)."""
+    doc = yaml.safe_load((ROOT / "examples" / "llama-8b-single-gpu.yaml").read_text())
+    doc["spec"]["model"] = {"name": "acme/x", "configURL": "http://127.0.0.1:9/x/config.json"}
+    path = tmp_path / "server.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc, _, err = run(capsys, "plan", "--offline", str(path))
+    assert rc == 1 and "the operator fetches only under the URLs its settings allow" in err
+    rc, _, err = run(capsys, "plan", "--offline", "--allowed-config-url", "http://127.0.0.1:9/x", str(path))
+    assert rc == 1 and "settings allow" not in err and "spec.model.configURL: could not fetch" in err
