@@ -41,6 +41,8 @@ MULTIMODAL = {
     "google/gemma-3-4b-it": "SigLIP vision tower (~417M) + projector counted in the checkpoint",
     "google/gemma-3-12b-it": "SigLIP vision tower (~417M) + projector counted in the checkpoint",
     "google/gemma-3-27b-it": "SigLIP vision tower (~417M) + projector counted in the checkpoint",
+    "mistralai/Mistral-Small-3.1-24B-Instruct-2503": "Pixtral vision tower (~403M) + projector counted in the checkpoint",
+    "mistralai/Mistral-Small-3.2-24B-Instruct-2506": "Pixtral vision tower (~403M) + projector counted in the checkpoint",
 }
 #: Models whose shapes the gated-MLP estimate does not describe, with why; their counts are recounted exactly from
 #: their own shapes (test_deepseek_v3_count_is_its_shapes) and held within SHAPES_LIMIT of the estimate.
@@ -165,6 +167,31 @@ def test_deepseek_v3_count_is_its_shapes(model_id):
     assert (arch.hidden_size, arch.num_attention_heads, arch.num_layers) == (h, heads, layers)
     assert arch.parameter_count == count == 671_026_419_200
     assert (arch.kv_lora_rank, arch.qk_rope_head_dim, arch.quantization) == (kv_rank, rope, "fp8")
+
+
+#: Mistral Small 3.1's config.json (https://huggingface.co/mistralai/Mistral-Small-3.1-24B-Instruct-2503), the fields
+#: the planner reads; 3.2 (2506) has the same.
+MISTRAL3_CONFIG = {
+    "architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "spatial_merge_size": 2,
+    "torch_dtype": "bfloat16",
+    "text_config": {"head_dim": 128, "hidden_size": 5120, "intermediate_size": 32768, "max_position_embeddings": 131072,
+                    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 40,
+                    "num_key_value_heads": 8, "sliding_window": None, "vocab_size": 131072},
+    "vision_config": {"head_dim": 64, "hidden_size": 1024, "image_size": 1540, "intermediate_size": 4096,
+                      "model_type": "pixtral", "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 14},
+}
+
+
+@pytest.mark.parametrize("model_id", ["mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+                                      "mistralai/Mistral-Small-3.2-24B-Instruct-2506"])
+def test_mistral_small_3_entries_are_their_config_with_the_pixtral_tower(model_id):
+    """Issue 20 item 6: the entries are what their config.json gives, the vision tower's profiling shapes included
+    (the largest image vLLM profiles: 1540 x 1540, 110 x 110 patches, 55 rows of 55 merged embeddings and a break)."""
+    entry = lookup_model(model_id)
+    from_config = architecture_from_config(MISTRAL3_CONFIG)
+    assert entry.model_copy(update={"parameter_count": None, "tie_word_embeddings": None, "quantization": "none"}) \
+        == from_config  # the catalog leaves a 16-bit checkpoint's quantization unsaid, as its other entries
+    assert (entry.vision_tokens_per_item, entry.vision_patches_per_item) == ((55 + 1) * 55, 110 * 110)
 
 
 def test_shapes_that_are_not_hidden_over_heads():

@@ -153,8 +153,10 @@ def vision_facts(config: dict[str, Any]) -> dict[str, int]:
     (and the model's published processor defaults) fix: Gemma 3's SigLIP (mm_tokens_per_image embeddings from
     (image_size / patch_size)^2 patches; pan-and-scan is off by default) and Qwen2-VL / Qwen2.5-VL (max_pixels /
     (patch_size x spatial_merge_size)^2 embeddings, spatial_merge_size^2 patches each; a video of up to 14 frames is
-    vision_video_frame_groups pairs of them). Other multimodal configs give {}: their tower's profiling peak is not
-    sized (docs/sizing.md)."""
+    vision_video_frame_groups pairs of them), and Mistral 3's Pixtral ((image_size / patch_size)^2 patches of the
+    largest image, image_size square, as vLLM profiles it; (grid + 1) x grid embeddings after the spatial merge, a
+    break token closing each row). Other multimodal configs give {}: their tower's profiling peak is not sized
+    (docs/sizing.md)."""
     vision = config.get("vision_config")
     if not isinstance(vision, dict):
         return {}
@@ -177,6 +179,11 @@ def vision_facts(config: dict[str, Any]) -> dict[str, int]:
             inner = int(width * ratio) if width and isinstance(ratio, (int, float)) and 0 < ratio <= 64 else None
         else:
             width, inner = _positive_int(vision.get("hidden_size")), _positive_int(vision.get("intermediate_size"))
+    elif model_type == "mistral3":
+        size, merge = _positive_int(vision.get("image_size")), _positive_int(config.get("spatial_merge_size")) or 1
+        side = size // patch if size and patch else 0
+        tokens, patches = (side // merge + 1) * (side // merge) or None, side * side or None
+        width, inner = _positive_int(vision.get("hidden_size")), _positive_int(vision.get("intermediate_size"))
     else:
         return {}
     if not (tokens and patches and width and inner):
