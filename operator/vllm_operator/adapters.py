@@ -25,8 +25,11 @@ FLAGS = ("--enable-lora", "--no-enable-lora", "--max-loras", "--max-cpu-loras", 
 #: The environment variable that opens vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (vllm/envs.py); the
 #: pods get it only when spec.adapters is set.
 RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
-#: Adapters in GPU slots by default: vLLM's own default --max-loras is 1; more slots let a batch mix adapters.
+#: Adapters in GPU slots by default (vLLM's own default --max-loras is 1; more slots let a batch mix adapters), the
+#: same whatever the number of adapters so that adding one changes no flag.
 DEFAULT_MAX_LORAS = 4
+#: The smallest --max-lora-rank derived: vLLM's own default, so that the usual ranks (8, 16) need no larger slots.
+MIN_DEFAULT_RANK = 16
 #: --max-lora-rank's choices where a release's snapshot has none (vLLM 0.26 to 0.33 all list these).
 DEFAULT_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: The last segment of a Hub id or a path (the model's bare name).

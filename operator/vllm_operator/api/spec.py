@@ -268,12 +268,13 @@ class EngineSpec(_Model):
     chat_template: Optional[str] = Field(None, min_length=1, max_length=65536, alias="chatTemplate")
     """A Jinja2 chat template (--chat-template) instead of the model's own; rendered with a sample conversation in
     the sandbox vLLM uses before anything is applied, so one that does not parse or raises is refused here."""
-    max_loras: Optional[int] = Field(None, ge=1, le=256, alias="maxLoras")
+    max_loras: Optional[int] = Field(None, ge=1, le=32, alias="maxLoras")
     """With spec.adapters: adapters one batch may use at once, each in a GPU slot of maxLoraRank (--max-loras);
-    default min(adapters, 4). More slots cost GPU memory (status.plan.estimates.loraBytesPerGpu)."""
+    default 4, whatever the number of adapters (a changed flag restarts the pods). Each slot costs GPU memory
+    (status.plan.estimates.loraBytesPerGpu)."""
     max_lora_rank: Optional[int] = Field(None, ge=1, le=512, alias="maxLoraRank")
     """With spec.adapters: the rank every slot is sized for (--max-lora-rank), one of the image's vLLM release's
-    choices and at least the largest adapter's rank; default: the smallest such choice."""
+    choices and at least the largest adapter's rank; default: the smallest such choice, at least 16."""
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, alias="extraArgs", max_length=128)
     """More vLLM flags, passed verbatim after the derived ones; a flag the operator derives is refused here."""
     env: list[EnvVar] = Field(default_factory=list, max_length=128)

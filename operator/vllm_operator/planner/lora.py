@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .. import adapters as lora
+from .. import adapters as lora, api
 from .memory import gib
 from .plan_types import FlagDecision, Plan, Sizing
 
@@ -35,20 +35,24 @@ def plan_adapters(p: Plan, s: Sizing, facts: dict[str, lora.AdapterFacts]) -> No
     rank = _slot_rank(p, max(ranks))
     if rank is None:
         return
-    slots = e.max_loras or min(len(spec.adapters), lora.DEFAULT_MAX_LORAS)
-    cpu = max(len(spec.adapters), slots)
+    # Neither flag follows the number of adapters: a changed flag would restart every pod, and adding or removing
+    # an adapter must not (the runtime endpoints do it).
+    slots = e.max_loras or lora.DEFAULT_MAX_LORAS
+    cpu = max(api.MAX_ADAPTERS, slots)
     layout = lora.LoRALayout(slots=slots, rank=rank, elem=s.elem)
     s.lora = layout.bytes_per_gpu(s.arch, p.tensor_parallel_size)
     p.decisions.append(FlagDecision("--enable-lora", "", f"spec.adapters: {len(spec.adapters)} LoRA adapter(s), "
                                     "loaded at runtime on every replica"))
     p.decisions.append(FlagDecision("--max-loras", str(slots), "pinned by engine.maxLoras" if e.max_loras else
-                                    f"min(adapters, {lora.DEFAULT_MAX_LORAS}): adapters one batch mixes, each in a "
-                                    f"GPU slot", pinned=e.max_loras is not None))
-    p.decisions.append(FlagDecision("--max-cpu-loras", str(cpu), "every adapter of the spec stays in host memory "
-                                    "(at least --max-loras), so none is evicted and re-read between requests"))
+                                    f"adapters one batch mixes, each in a GPU slot: {lora.DEFAULT_MAX_LORAS} whatever "
+                                    "the number of adapters, so adding one restarts no pod", pinned=e.max_loras is not None))
+    p.decisions.append(FlagDecision("--max-cpu-loras", str(cpu), f"the most adapters a spec holds ({api.MAX_ADAPTERS}): "
+                                    "every adapter stays in host memory (none evicted and re-read between requests), "
+                                    "and adding one changes no flag"))
     p.decisions.append(FlagDecision("--max-lora-rank", str(rank), "pinned by engine.maxLoraRank" if e.max_lora_rank
                                     else f"the smallest of the release's choices that holds the largest adapter's "
-                                    f"rank ({max(ranks)})", pinned=e.max_lora_rank is not None))
+                                    f"rank ({max(ranks)}), at least vLLM's default {lora.MIN_DEFAULT_RANK} (adapters "
+                                    "up to it come and go without a restart)", pinned=e.max_lora_rank is not None))
     p.notes.append(f"LoRA slots: {slots} slot(s) x rank {rank} over the {s.arch.num_layers} layers' qkv_proj, o_proj, "
                    f"gate_up_proj and down_proj = {gib(s.lora)} per GPU, allocated by vLLM before the KV cache "
                    "(vllm/lora/layers/base_linear.py create_lora_weights), taken from the KV cache's share")
@@ -109,7 +113,7 @@ def _slot_rank(p: Plan, largest: int) -> Optional[int]:
                       f"refuses to load that adapter; use at least {lora.round_rank(largest, choices) or largest}")
             return None
         return pinned
-    rank = lora.round_rank(largest, choices)
+    rank = lora.round_rank(max(largest, lora.MIN_DEFAULT_RANK), choices)
     if rank is None:
         p.problem("spec.adapters", f"an adapter's rank {largest} is above vLLM's largest --max-lora-rank "
                   f"({choices[-1]})")
