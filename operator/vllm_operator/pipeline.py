@@ -48,7 +48,7 @@ def adapter_facts(spec: api.VLLMServerSpec, hf_endpoint: Optional[str],
     out: dict[str, adapters.AdapterFacts] = {}
     for a in spec.adapters:
         if not api.is_hub_model(a.source):
-            out[a.name] = adapters.AdapterFacts(error="is in the pods' cache (a path), which the planner cannot read")
+            out[a.name] = adapters.AdapterFacts(error="is a path in the pod, which the planner cannot read")
             continue
         if not hf_endpoint:
             out[a.name] = adapters.AdapterFacts(error="was not read (offline: no Hub endpoint)")

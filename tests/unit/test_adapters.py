@@ -47,7 +47,8 @@ def lora_config(r: int = 16, base: str = LLAMA_8B, **kw: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the API
 @pytest.mark.parametrize("bad", [
     {"name": "-flag", "source": "org/a"}, {"name": "a b", "source": "org/a"}, {"name": "x" * 65, "source": "org/a"},
-    {"name": "a", "source": "https://example.com/a"}, {"name": "a", "source": "/etc/passwd"},
+    {"name": "a", "source": "https://example.com/a"}, {"name": "a", "source": "/cache/../etc"},
+    {"name": "a", "source": "/cache/a", "revision": "main"},
     {"name": "a", "source": "org/a/b"}, {"name": "a", "source": "/cache/a\nb"}, {"name": "a", "source": "org/a", "rank": 0},
 ])
 def test_the_api_refuses_a_bad_adapter(bad):
@@ -136,7 +137,7 @@ def test_an_unreadable_config_needs_a_rank_in_the_spec():
     p = plan(spec, {"org/sql": ValueError("could not be read from https://hub.example: HTTP 404")})
     assert {x.field for x in p.problems} == {"spec.adapters[0].rank", "spec.adapters[1].rank"}
     assert any("HTTP 404" in x.message for x in p.problems)
-    assert any("a path" in x.message for x in p.problems)
+    assert any("a path in the pod" in x.message for x in p.problems)
     ok = plan(spec_with([{"name": "sql", "source": "org/sql", "rank": 8}]),
               {"org/sql": ValueError("could not be read from https://hub.example: HTTP 404")})
     assert ok.fits, ok.problems

@@ -9,6 +9,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    model_validator,
 )
 
 from .names import (
@@ -152,8 +153,9 @@ MAX_ADAPTERS = 32
 #: An adapter's name: a served model name clients put in the OpenAI API's "model" field (vLLM takes any string;
 #: these characters keep it one path segment, one URL-safe token and one line in status and Events).
 ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-#: An adapter's source: a Hugging Face repo id (org/name) or an absolute path in the pods' model cache (/cache/...).
-ADAPTER_SOURCE_PATTERN = r"^(/cache/[^\x00-\x1f\x7f]+|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)$"
+#: An adapter's source: a Hugging Face repo id (org/name) or an absolute path in the pod (no '..', no control
+#: characters).
+ADAPTER_SOURCE_PATTERN = r"^(/[^\x00-\x1f\x7f]*|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)$"
 
 
 class AdapterSpec(_Model):
@@ -162,15 +164,24 @@ class AdapterSpec(_Model):
     model_config = ConfigDict(json_schema_extra=_rules(
         cel("!has(self.revision) || !self.source.startsWith('/')",
             "a revision names a commit of a Hub repo; a path in the cache has none", ".revision"),
+        cel("!self.source.contains('/../') && !self.source.endsWith('/..')", "a path without '..'", ".source"),
     ))
+
+    @model_validator(mode="after")
+    def _no_parent_segments(self) -> "AdapterSpec":
+        if "/../" in self.source or self.source.endswith("/.."):
+            raise ValueError("source: a path without '..'")
+        if self.revision is not None and self.source.startswith("/"):
+            raise ValueError("revision: names a commit of a Hub repo; a path has none")
+        return self
 
     name: str = Field(..., min_length=1, max_length=64, pattern=ADAPTER_NAME_PATTERN)
     """The served model name clients use in the OpenAI API's "model" field for this adapter; letters, digits, '.',
     '_' and '-', unique in the server and not the base model's served name."""
     source: str = Field(..., min_length=3, max_length=512, pattern=ADAPTER_SOURCE_PATTERN)
     """Where the adapter is: a Hugging Face repo id (org/name; vLLM downloads it into the model cache) or an
-    absolute path in the pods' model cache volume (/cache/...), a directory holding adapter_config.json and the
-    weights."""
+    absolute path in the pod, a directory holding adapter_config.json and the weights: in the model cache volume
+    (/cache/...) or a volume of spec.volumes (an existing claim, a ConfigMap). No '..'."""
     revision: Optional[str] = Field(None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
     """Hub source only: the branch, tag or commit the planner reads adapter_config.json at (default: main)."""
     rank: Optional[int] = Field(None, ge=1, le=512)

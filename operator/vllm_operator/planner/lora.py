@@ -28,6 +28,12 @@ def plan_adapters(p: Plan, s: Sizing, facts: dict[str, lora.AdapterFacts]) -> No
         p.problem("spec.adapters", why)
         return
     _check_names(p)
+    for a in spec.adapters:
+        if a.revision:
+            p.notes.append(f"warning: adapter {a.name}: revision {a.revision} is what the planner reads "
+                           "adapter_config.json at; vLLM's runtime load takes no revision and downloads the repo's "
+                           "default branch (pin a revision by putting that commit's files in the cache and naming "
+                           "the path)")
     ranks = [rank for i, a in enumerate(spec.adapters)
              if (rank := _adapter_rank(p, i, facts.get(a.name))) is not None]
     if len(ranks) < len(spec.adapters):
