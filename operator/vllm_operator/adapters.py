@@ -7,9 +7,11 @@ wraps for LoRA gets, per slot (--max-loras) and per output slice, a stacked A of
 B of output x max_lora_rank in the LoRA dtype (the model's), sharded as the base layer is (vllm/lora/layers/
 base_linear.py BaseLinearLayerWithLoRA.create_lora_weights; column_parallel_linear.py
 MergedColumnParallelLinearWithLoRA.create_lora_weights for gate_up_proj's two slices and
-MergedQKVParallelLinearWithLoRA for qkv_proj's three). A dense decoder's wrapped layers are qkv_proj, o_proj
-(row parallel: A's input sharded), gate_up_proj and down_proj (row parallel) in every layer; the test
-e2e/test_adapters_vllm.py sums the tensors the real vLLM CPU engine allocated and compares.
+MergedQKVParallelLinearWithLoRA for qkv_proj's three). vLLM wraps every linear layer of the model, whatever the
+adapters target (lora/utils.py get_supported_lora_modules, model_manager.py _create_lora_modules): a dense
+decoder's qkv_proj, o_proj (row parallel: A's input sharded), gate_up_proj and down_proj (row parallel) in every
+layer, and embed_tokens and lm_head (vocab_parallel_embedding.py, logits_processor.py). The test
+e2e/test_adapters_vllm.py sums the tensors the real vLLM 0.32 CPU engine allocated and compares.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 #: Adapters in GPU slots by default (vLLM's own default --max-loras is 1; more slots let a batch mix adapters), the
 #: same whatever the number of adapters so that adding one changes no flag.
 DEFAULT_MAX_LORAS = 4
+#: The largest vocabulary vLLM serves LoRA for (vllm/lora/layers/logits_processor.py create_lora_weights).
+MAX_LORA_VOCAB = 258048
 #: The smallest --max-lora-rank derived: vLLM's own default, so that the usual ranks (8, 16) need no larger slots.
 MIN_DEFAULT_RANK = 16
 #: --max-lora-rank's choices where a release's snapshot has none (vLLM 0.26 to 0.33 all list these).
@@ -116,8 +120,17 @@ class LoRALayout:
         down = arch.intermediate_size // tp + hidden
         return qkv + o_proj + gate_up + down
 
+    @staticmethod
+    def vocab_elements(arch: Architecture) -> int:
+        """A and B elements per slot and unit of rank of embed_tokens (A: vocab x rank, B: hidden x rank;
+        vocab_parallel_embedding.py) and lm_head (A: rank x hidden, B: vocab x rank; logits_processor.py), which vLLM
+        wraps for every model that declares them (embedding_modules: Llama, Qwen, Mistral, Gemma, ...), whole on
+        every GPU."""
+        return 2 * (arch.vocab_size + arch.hidden_size)
+
     def bytes_per_gpu(self, arch: Architecture, tp: int) -> int:
-        return arch.num_layers * self.layer_elements(arch, tp) * self.slots * self.rank * self.elem
+        elements = arch.num_layers * self.layer_elements(arch, tp) + self.vocab_elements(arch)
+        return elements * self.slots * self.rank * self.elem
 
 
 def unsupported(arch: Architecture) -> Optional[str]:
@@ -127,6 +140,9 @@ def unsupported(arch: Architecture) -> Optional[str]:
                 "weights; their slots are not sized here)")
     if arch.kv_lora_rank:
         return "LoRA on a multi-head latent attention model (DeepSeek V2/V3, Kimi K2) is not planned by the operator"
+    if arch.vocab_size > MAX_LORA_VOCAB:
+        return (f"vLLM serves LoRA only for a vocabulary of at most {MAX_LORA_VOCAB} tokens (LogitsProcessorWithLoRA); "
+                f"this model has {arch.vocab_size}")
     if arch.encoder_only:
         return "an encoder-only pooling model: the operator plans LoRA adapters for decoders only"
     return None

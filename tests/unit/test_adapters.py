@@ -80,10 +80,11 @@ def test_flags_and_the_slots_memory_from_the_adapters_configs():
     assert "--enable-lora" in p.args
     assert (arg(p, "--max-loras"), arg(p, "--max-cpu-loras"), arg(p, "--max-lora-rank")) == ("4", "32", "32")
     # Llama 3.1 8B per layer, per slot and unit of rank: qkv_proj 3 x 4096 in + (4096 + 2 x 1024) out, o_proj
-    # 4096 + 4096, gate_up_proj 2 x 4096 + 2 x 14336, down_proj 14336 + 4096 = 81920 elements; 32 layers,
-    # 4 slots of rank 32, bfloat16.
-    assert p.memory is not None and p.memory.lora == 32 * 81920 * 4 * 32 * 2 == 671_088_640
-    assert p.estimates()["loraBytesPerGpu"] == 671_088_640
+    # 4096 + 4096, gate_up_proj 2 x 4096 + 2 x 14336, down_proj 14336 + 4096 = 81920 elements; 32 layers; then
+    # embed_tokens and lm_head, 2 x (128256 + 4096); 4 slots of rank 32, bfloat16.
+    per_rank = 32 * 81920 + 2 * (128256 + 4096)
+    assert p.memory is not None and p.memory.lora == per_rank * 4 * 32 * 2 == 738_852_864
+    assert p.estimates()["loraBytesPerGpu"] == 738_852_864
     without = plan(spec_with([]))
     assert without.memory is not None
     assert without.memory.kv_cache - p.memory.kv_cache == p.memory.lora
@@ -103,7 +104,7 @@ def test_pinned_slots_and_rank():
     p = plan(spec_with([{"name": "a", "source": "/cache/a", "rank": 8}], engine={"maxLoras": 1, "maxLoraRank": 8}))
     assert p.fits, p.problems
     assert (arg(p, "--max-loras"), arg(p, "--max-lora-rank")) == ("1", "8")
-    assert p.memory is not None and p.memory.lora == 32 * 81920 * 1 * 8 * 2
+    assert p.memory is not None and p.memory.lora == (32 * 81920 + 2 * (128256 + 4096)) * 1 * 8 * 2
 
 
 @pytest.mark.parametrize("engine, field, text", [
@@ -168,6 +169,11 @@ def test_adapters_that_do_not_fit_are_refused_naming_the_slots():
     p = plan(spec_with([{"name": "a", "source": "/cache/a", "rank": 512}], engine={"maxLoras": 32},
                        gpu={"count": 1, "product": "NVIDIA-L4"}))
     assert any("LoRA adapters' slots" in x.message and "maxLoras" in x.message for x in p.problems), p.problems
+
+
+def test_a_vocabulary_larger_than_vllms_lora_limit_is_refused():
+    p = plan(spec_with([{"name": "a", "source": "/cache/a", "rank": 8}], model={"name": "google/gemma-3-4b-it"}))
+    assert any(x.field == "spec.adapters" and "258048" in x.message for x in p.problems), p.problems
 
 
 def test_a_mixture_of_experts_model_is_refused():

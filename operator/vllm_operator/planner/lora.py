@@ -60,8 +60,8 @@ def plan_adapters(p: Plan, s: Sizing, facts: dict[str, lora.AdapterFacts]) -> No
                                     f"rank ({max(ranks)}), at least vLLM's default {lora.MIN_DEFAULT_RANK} (adapters "
                                     "up to it come and go without a restart)", pinned=e.max_lora_rank is not None))
     p.notes.append(f"LoRA slots: {slots} slot(s) x rank {rank} over the {s.arch.num_layers} layers' qkv_proj, o_proj, "
-                   f"gate_up_proj and down_proj = {gib(s.lora)} per GPU, allocated by vLLM before the KV cache "
-                   "(vllm/lora/layers/base_linear.py create_lora_weights), taken from the KV cache's share")
+                   f"gate_up_proj and down_proj, embed_tokens and lm_head = {gib(s.lora)} per GPU, allocated by vLLM "
+                   "before the KV cache (vllm/lora/layers/*.py create_lora_weights), taken from the KV cache's share")
 
 
 def _check_names(p: Plan) -> None:
