@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     target.mkdir(parents=True, exist_ok=True)
     for i, (name, (rank, modules)) in enumerate(ADAPTERS.items()):
         torch.manual_seed(SEED + i)
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=modules, lora_dropout=0.0,
                             init_lora_weights=False, task_type="CAUSAL_LM")
         get_peft_model(base, config).save_pretrained(str(target / name))
