@@ -220,3 +220,44 @@ def test_status_rows_served_models_and_the_condition():
     assert adapters.condition(adapters.adapter_rows(["sql"], []))[:2] == ("Unknown", "NoReadyReplica")
     loading = adapters.adapter_rows(["chat"], [adapters.PodAdapters("srv-0", listed=frozenset())])
     assert adapters.condition(loading)[:2] == ("False", "Loading")
+
+
+def test_the_docs_figure_for_llama_8b():
+    """docs/adapters.md: Llama 3.1 8B in bfloat16 with the default 4 slots of rank 16 takes 0.34 GiB per GPU."""
+    p = plan(spec_with([{"name": "a", "source": "/cache/a", "rank": 16}]))
+    assert p.memory is not None and round(p.memory.lora / 2**30, 2) == 0.34
+
+
+# --------------------------------------------------------------------------- the sync, against a hostile pod
+def test_the_sync_loads_unloads_and_keeps_only_categories():
+    """controller/adapters.AdapterSync against a fake pod (e2e/testbed/hostile_http.py: its error pages quote a
+    secret): it lists, loads what is missing, unloads what the spec dropped, and records a failed load as its
+    category only."""
+    import json
+    import threading
+
+    from e2e.testbed.hostile_http import SECRET, HostileServer, Reply
+    from vllm_operator.controller.adapters import AdapterSync
+    from vllm_operator.sources.vllm_metrics import PodRef
+
+    models = {"data": [{"id": "llama", "parent": None}, {"id": "old", "parent": "llama"}, {"id": "sql", "parent": "llama"}]}
+    routes = {"/v1/models": Reply(200, json.dumps(models).encode()),
+              "/v1/load_lora_adapter": Reply(400, f"no such adapter; {SECRET}".encode()),
+              "/v1/unload_lora_adapter": Reply(200, b"ok")}
+    changed = threading.Event()
+    with HostileServer(routes) as s:
+        sync = AdapterSync(notify=lambda ns, name: changed.set())
+        try:
+            ref = PodRef("srv-0", "ns", "127.0.0.1", s.port)
+            wanted = (("sql", "org/sql"), ("chat", "/cache/chat"))
+            assert sync.observe("ns", "srv", [ref], {"srv-0": ("uid", 0)}, wanted)[0].listed is None  # not yet read
+            assert changed.wait(10)
+            [known] = sync.observe("ns", "srv", [ref], {"srv-0": ("uid", 0)}, wanted)
+        finally:
+            sync.close()
+    assert known.listed == frozenset({"old", "sql"}) and known.errors == {"chat": "load: HTTP 400"}
+    assert [json.loads(b) for b in s.bodies] == [{"lora_name": "chat", "lora_path": "/cache/chat"},
+                                                 {"lora_name": "old"}]
+    assert s.requests == ["/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/models"]
+    rows = adapters.adapter_rows(["sql", "chat"], [known])
+    assert rows[1]["lastError"] == "srv-0: load: HTTP 400" and SECRET not in json.dumps(rows)
