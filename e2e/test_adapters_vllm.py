@@ -289,14 +289,16 @@ import torch
 from vllm import LLM
 
 def lora_bytes(model):
-    total = 0
+    storages = {}  # a view (embed_tokens' lora_a_stacked_2d) shares its tensor's storage: counted once
     for module in model.modules():
         if not type(module).__name__.endswith("WithLoRA"):
             continue
         for value in vars(module).values():
-            tensors = value if isinstance(value, (tuple, list)) else (value,)
-            total += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-    return total
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor):
+                    storage = t.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 out = []
 for slots, rank in json.loads(sys.argv[2]):
@@ -311,14 +313,14 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.timeout(900)
 def test_the_lora_slots_memory_is_what_vllm_allocates(tmp_path):
     """The planner's LoRALayout over the tiny model's config, beside the bytes of every tensor vLLM's LoRA layers
-    hold (their stacked A and B per slot and slice), on the real CPU engine."""
+    hold (their stacked A and B per slot and slice; each storage once), on the real CPU engine."""
     from vllm_operator import api
     python = vllm_env.ensure_vllm()
     model = vllm_env.tiny_model_dir()
     cfg = json.loads((model / "config.json").read_text())
     arch = api.ModelArchitecture.model_validate({
         "numLayers": cfg["num_hidden_layers"], "numAttentionHeads": cfg["num_attention_heads"],
-        "numKVHeads": cfg["num_key_value_heads"], "headDim": cfg.get("head_dim") or cfg["hidden_size"] //
+        "numKVHeads": cfg["num_key_value_heads"], "vocabSize": cfg["vocab_size"], "headDim": cfg.get("head_dim") or cfg["hidden_size"] //
         cfg["num_attention_heads"], "hiddenSize": cfg["hidden_size"], "intermediateSize": cfg["intermediate_size"]})
     configs = [(1, 16), (3, 32)]
     script = tmp_path / "measure.py"
