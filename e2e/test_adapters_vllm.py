@@ -26,7 +26,6 @@ import os
 import random
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
