@@ -163,7 +163,7 @@ class AdapterSpec(_Model):
 
     model_config = ConfigDict(json_schema_extra=_rules(
         cel("!has(self.revision) || !self.source.startsWith('/')",
-            "a revision names a commit of a Hub repo; a path in the cache has none", ".revision"),
+            "a revision names a commit of a Hub repo; a path has none", ".revision"),
         cel("!self.source.contains('/../') && !self.source.endsWith('/..')", "a path without '..'", ".source"),
     ))
 
