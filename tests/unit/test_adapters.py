@@ -98,6 +98,8 @@ def test_the_flags_do_not_follow_the_number_of_adapters():
     assert one.fits and three.fits
     assert one.args == three.args
     assert arg(one, "--max-lora-rank") == "16"  # vLLM's default, the floor
+    # the first adapter (and the last one's removal) does change them: docs/adapters.md says it restarts the pods
+    assert "--enable-lora" not in plan(spec_with([])).args
 
 
 def test_pinned_slots_and_rank():
@@ -261,3 +263,33 @@ def test_the_sync_loads_unloads_and_keeps_only_categories():
     assert s.requests == ["/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/models"]
     rows = adapters.adapter_rows(["sql", "chat"], [known])
     assert rows[1]["lastError"] == "srv-0: load: HTTP 400" and SECRET not in json.dumps(rows)
+
+
+def test_the_sync_reads_a_pod_again_when_it_restarts_and_not_before_it_is_due():
+    """A fresh read is not repeated before refresh_seconds; a restarted container (its restart count) or a new pod
+    (its uid) is read at once: its new vLLM holds none of the old one's adapters."""
+    import json
+    import threading
+
+    from e2e.testbed.hostile_http import HostileServer, Reply
+    from vllm_operator.controller.adapters import AdapterSync
+    from vllm_operator.sources.vllm_metrics import PodRef
+
+    models = {"data": [{"id": "llama"}, {"id": "sql", "parent": "llama"}]}
+    synced = threading.Semaphore(0)
+    with HostileServer({"/v1/models": Reply(200, json.dumps(models).encode())}) as s:
+        sync = AdapterSync(notify=lambda ns, name: synced.release(), refresh_seconds=3600)
+        ref, wanted = PodRef("srv-0", "ns", "127.0.0.1", s.port), (("sql", "org/sql"),)
+        try:
+            def observe(incarnation: tuple[str, int]) -> None:
+                sync.observe("ns", "srv", [ref], {"srv-0": incarnation}, wanted)
+            observe(("uid-1", 0))
+            assert synced.acquire(timeout=10)
+            observe(("uid-1", 0))  # fresh: no read
+            observe(("uid-1", 1))  # the container restarted
+            assert synced.acquire(timeout=10)
+            observe(("uid-2", 0))  # the pod was recreated
+            assert synced.acquire(timeout=10)
+        finally:
+            sync.close()
+    assert s.requests == ["/v1/models"] * 3
