@@ -293,3 +293,23 @@ def test_the_sync_reads_a_pod_again_when_it_restarts_and_not_before_it_is_due():
         finally:
             sync.close()
     assert s.requests == ["/v1/models"] * 3
+
+
+def test_hub_file_json_reads_a_resolve_url_and_refuses_a_redirect():
+    """sources/hub.file_json: the Hub's resolve URL of the file at the revision, through the bounded GET; a redirect
+    (an LFS file on the Hub's CDN) and an error are categories, never the answer's bytes."""
+    import json
+
+    from e2e.testbed.hostile_http import SECRET, HostileServer, Reply, redirect_to
+    from vllm_operator.sources import hub as hub_source
+
+    config = lora_config(8)
+    with HostileServer({"/org/sql/resolve/v2/adapter_config.json": Reply(200, json.dumps(config).encode()),
+                        "/org/lfs/resolve/main/adapter_config.json": redirect_to("/cdn", 302)}) as s:
+        assert hub_source.file_json("org/sql", "adapter_config.json", "v2", endpoint=s.base) == config
+        for repo, category in (("org/lfs", "redirect refused"), ("org/none", "HTTP 404")):
+            with pytest.raises(hub_source.HubError) as info:
+                hub_source.file_json(repo, "adapter_config.json", endpoint=s.base)
+            assert str(info.value) == f"could not be read from {s.base}: {category}"
+            assert SECRET not in str(info.value)
+    assert "/cdn" not in s.requests
