@@ -49,6 +49,12 @@ OWNED_FLAGS: dict[str, str] = {
     "--chat-template": "spec.engine.chatTemplate (checked before it is applied)",
     "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
     "--max-num-queued-reqs": "spec.engine.maxNumQueuedReqs (checked against the autoscaler's target)",
+    "--enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
+    "--no-enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
+    "--max-loras": "spec.engine.maxLoras (with spec.adapters)",
+    "--max-cpu-loras": "spec.adapters (every adapter stays in host memory)",
+    "--max-lora-rank": "spec.engine.maxLoraRank (with spec.adapters)",
+    "--lora-modules": "spec.adapters (loaded at runtime on every replica)",
 }
 
 #: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
@@ -76,18 +82,8 @@ CAPACITY_FLAGS: dict[str, str] = {
                                       "context parallelism is not supported through extraArgs",
     "--prefill-context-parallel-size": "adds ranks (and GPUs) the pod does not get; context parallelism is not "
                                        "supported through extraArgs",
-    "--enable-lora": f"reserves GPU memory for LoRA adapters (max-loras x max-lora-rank per layer): {_NOT_PLANNED}. "
-                     "LoRA adapters are not supported through extraArgs",
-    "--lora-modules": f"loads LoRA adapters into GPU memory: {_NOT_PLANNED}. LoRA adapters are not supported "
-                      "through extraArgs",
-    "--max-loras": f"sizes the GPU memory held for LoRA adapters: {_NOT_PLANNED}. LoRA adapters are not supported "
-                   "through extraArgs",
-    "--max-lora-rank": f"sizes the GPU memory held for LoRA adapters: {_NOT_PLANNED}. LoRA adapters are not "
-                       "supported through extraArgs",
-    "--max-cpu-loras": f"holds LoRA adapters in the pod's memory: {_NOT_PLANNED}. LoRA adapters are not supported "
-                       "through extraArgs",
-    "--fully-sharded-loras": f"changes the memory LoRA adapters take: {_NOT_PLANNED}. LoRA adapters are not "
-                             "supported through extraArgs",
+    "--fully-sharded-loras": f"changes the memory LoRA adapters take: {_NOT_PLANNED}. Serve adapters through "
+                             "spec.adapters (docs/adapters.md), which plans their slots",
     "--speculative-config": f"loads a draft model (or extra heads) and its KV cache on the same GPUs: "
                             f"{_NOT_PLANNED}. Speculative decoding is not supported through extraArgs",
     "--kv-transfer-config": f"adds a KV connector (disaggregated prefill, KV offload) with its own buffers: "

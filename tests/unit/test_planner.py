@@ -476,8 +476,9 @@ def test_valid_extra_args_are_passed_through(extra):
     (["-pp", "2"], "pipeline parallelism is not supported through extraArgs"),  # the other spelling
     (["--data-parallel-size=2"], "spec.replicas"),
     (["-dp", "2"], "spec.replicas"),
-    (["--enable-lora"], "LoRA adapters are not supported through extraArgs"),
-    (["--lora-modules", "a=/adapters/a"], "LoRA"),
+    (["--enable-lora"], "spec.adapters"),  # main's adapters (OWNED_FLAGS): the field that plans them
+    (["--lora-modules", "a=/adapters/a"], "spec.adapters"),
+    (["--fully-sharded-loras"], "spec.adapters"),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'], "Speculative decoding"),
     (["--speculative-config.method", "ngram"], "Speculative decoding"),
     (["--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1"}'], "KV connector"),
@@ -495,12 +496,6 @@ def test_extra_args_that_change_gpus_or_memory_are_refused_with_the_field_to_use
         assert problem.field == "spec.engine.extraArgs[0]" and expect in problem.message, problem
         assert "the plan (and the pod's GPU count and memory) does not count it" in problem.message \
             or "spec." in problem.message
-
-
-@pytest.mark.parametrize("extra", [["--no-enable-lora"]])
-def test_turning_a_capacity_feature_off_is_not_refused(extra):
-    plan = plan_for(LLAMA_8B, engine={"extraArgs": extra}, workloadProfile={"maxContextTokens": 8192})
-    assert plan.fits, plan.problems
 
 
 # --------------------------------------------------------------------------- shutdown
