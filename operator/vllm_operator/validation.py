@@ -99,6 +99,24 @@ DEVICE_PLUGIN_ENV: dict[str, str] = {
                               "server every GPU of the node, including those allocated to other pods",
 }
 MAX_NAME_LENGTH = api.MAX_NAME_LENGTH
+#: The NVIDIA container toolkit reads every NVIDIA_* variable (NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES,
+#: NVIDIA_MIG_CONFIG_DEVICES, NVIDIA_IMEX_CHANNELS, ...) to decide what of the node a container sees.
+DEVICE_ENV_PREFIX = "NVIDIA_"
+
+
+def device_env(name: str) -> bool:
+    """Whether a variable of this name decides which devices a container sees (the device plugin's to set)."""
+    return name in DEVICE_PLUGIN_ENV or name.startswith(DEVICE_ENV_PREFIX)
+
+
+def device_env_prefix(prefix: str) -> bool:
+    """Whether envFrom with this prefix can make such a variable from some key of its ConfigMap or Secret (an empty
+    prefix can; NVIDIA_, NV or CUDA_ can; X cannot)."""
+    return (prefix.startswith(DEVICE_ENV_PREFIX) or DEVICE_ENV_PREFIX.startswith(prefix)
+            or any(name.startswith(prefix) for name in DEVICE_PLUGIN_ENV))
+#: Extended resources of NVIDIA's device plugin (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-...): only
+#: spec.gpu requests them.
+DEVICE_RESOURCE_PREFIX = "nvidia.com/"
 
 
 @dataclass(frozen=True)
@@ -455,8 +473,9 @@ def env_problems(spec: VLLMServerSpec) -> list[Problem]:
     out = []
     for i, env in enumerate(spec.engine.env):
         where = f"spec.engine.env[{i}]"
-        if env.name in DEVICE_PLUGIN_ENV:
-            out.append(Problem(where, f"{env.name} may not be set: {DEVICE_PLUGIN_ENV[env.name]}. Choose the GPUs "
+        if device_env(env.name):
+            why = DEVICE_PLUGIN_ENV.get(env.name, DEVICE_PLUGIN_ENV["NVIDIA_VISIBLE_DEVICES"])
+            out.append(Problem(where, f"{env.name} may not be set: {why}. Choose the GPUs "
                                "with spec.gpu (count, product)"))
         elif env.name in OWNED_ENV:
             out.append(Problem(where, f"{env.name} is set by the operator; use hfTokenSecretRef for tokens and cache "
@@ -482,8 +501,10 @@ def unsupported_quantization(spec: VLLMServerSpec, snap: vllm_flags.Snapshot) ->
 def resource_problems(spec: VLLMServerSpec) -> list[Problem]:
     """spec.resources and the sizes elsewhere: no GPU resource by hand, no negative quantity."""
     out = []
+    # Every NVIDIA device resource, not only the one spec.gpu names: nvidia.com/gpu.shared beside gpu.count would
+    # hand the pod devices the plan, the quota's reading of spec.gpu and the admission policy never saw.
     gpu_resources = {k for k in [*spec.resources.requests, *spec.resources.limits]
-                     if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-") or k == spec.gpu.resource_name}
+                     if k.startswith(DEVICE_RESOURCE_PREFIX) or k == spec.gpu.resource_name}
     for key in sorted(gpu_resources):
         out.append(Problem("spec.resources", f"{key} comes from spec.gpu (count, migProfile, resourceName); remove it "
                            "from resources"))
