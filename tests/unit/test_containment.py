@@ -1,0 +1,196 @@
+"""Hostile-tenant containment of what reaches the pod (issue 18): the pod template patch is an allowlist, the volume
+kinds are the typed ones, no container sees a token, a device or a Secret the typed fields did not name, the offline
+Pod Security reading has every baseline rule, and no patch makes the pure functions raise.
+
+Each case here was accepted by main at 6bf2599 (SpecValid=True); the API-server side of the same classes:
+tests/apiserver/test_containment_apiserver.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_operator import api, builders, escape_hatches, pipeline, podsecurity
+from vllm_operator.planner import Plan
+
+P = "spec.podTemplatePatch.spec"
+SIDECAR = {"name": "proxy", "image": "envoyproxy/envoy:v1.31.0"}
+VOLUMES = [{"name": "settings", "configMap": {"name": "app-settings"}}]
+
+
+def plan_with(**spec: Any) -> Plan:
+    spec.setdefault("model", {"name": "meta-llama/Llama-3.2-3B-Instruct"})
+    spec.setdefault("gpu", {"count": 1, "product": "NVIDIA-L4"})
+    spec.setdefault("workloadProfile", {"maxContextTokens": 8192})
+    spec.setdefault("volumes", VOLUMES)
+    spec.setdefault("sidecars", [SIDECAR])
+    return pipeline.plan_server("srv", "ns1", api.VLLMServerSpec.model_validate(spec))
+
+
+def fields(plan: Plan) -> list[str]:
+    return [p.field for p in plan.problems]
+
+
+def refused(patch: dict[str, Any], field: str, **spec: Any) -> None:
+    plan = plan_with(podTemplatePatch=patch, **spec)
+    assert field in fields(plan), plan.problems
+    with pytest.raises(ValueError):
+        builders.build_all(plan)
+
+
+def projected(source: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"volumes": [{"name": "t", "projected": {"sources": [source]}}],
+                     "containers": [{"name": "vllm", "volumeMounts": [{"name": "t", "mountPath": "/t"}]}]}}
+
+
+@pytest.mark.parametrize("patch, field", [
+    # credentials: tokens and certificates of any account of the namespace, despite automountServiceAccountToken
+    (projected({"serviceAccountToken": {"path": "token", "audience": "vault"}}),
+     f"{P}.volumes[t].projected.sources[0].serviceAccountToken"),
+    (projected({"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519", "credentialBundlePath": "c"}}),
+     f"{P}.volumes[t].projected.sources[0].podCertificate"),
+    (projected({"clusterTrustBundle": {"signerName": "example.com/s", "path": "b"}}),
+     f"{P}.volumes[t].projected.sources[0].clusterTrustBundle"),
+    # volumes the policy never saw: another team's PersistentVolume, a clone, an inline CSI volume, an image
+    ({"spec": {"volumes": [{"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {
+        "accessModes": ["ReadWriteOnce"], "volumeName": "team-b-data", "resources": {"requests": {"storage": "1Gi"}}}}}}]}},
+     f"{P}.volumes[e].ephemeral"),
+    ({"spec": {"volumes": [{"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {
+        "accessModes": ["ReadWriteOnce"], "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "secret-data"},
+        "resources": {"requests": {"storage": "1Gi"}}}}}}]}}, f"{P}.volumes[e].ephemeral"),
+    ({"spec": {"volumes": [{"name": "c", "csi": {"driver": "secrets-store.csi.k8s.io"}}]}}, f"{P}.volumes[c].csi"),
+    ({"spec": {"volumes": [{"name": "i", "image": {"reference": "evil:1"}}]}}, f"{P}.volumes[i].image"),
+    ({"spec": {"volumes": [{"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}]}}, f"{P}.volumes[n].nfs"),
+    # devices: the container toolkit's variables, by env or by envFrom's prefix
+    ({"spec": {"initContainers": [{"name": "proxy", "envFrom": [{"prefix": "NVIDIA_",
+                                                                 "configMapRef": {"name": "app-settings"}}]}]}},
+     f"{P}.initContainers[proxy].envFrom[0].prefix"),
+    ({"spec": {"initContainers": [{"name": "proxy", "envFrom": [{"configMapRef": {"name": "app-settings"}}]}]}},
+     f"{P}.initContainers[proxy].envFrom[0].prefix"),
+    ({"spec": {"initContainers": [{"name": "proxy", "envFrom": [{"prefix": "CUDA_",
+                                                                 "configMapRef": {"name": "app-settings"}}]}]}},
+     f"{P}.initContainers[proxy].envFrom[0].prefix"),
+    ({"spec": {"initContainers": [{"name": "proxy", "env": [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}]}]}},
+     f"{P}.initContainers[proxy].env[NVIDIA_DRIVER_CAPABILITIES]"),
+    # outside the allowlist
+    ({"spec": {"ephemeralContainers": [{"name": "debug", "image": "envoyproxy/envoy:v1.31.0"}]}},
+     f"{P}.ephemeralContainers"),
+    ({"spec": {"schedulerName": "my-scheduler"}}, f"{P}.schedulerName"),
+    ({"spec": {"shareProcessNamespace": True}}, f"{P}.shareProcessNamespace"),
+    ({"spec": {"os": {"name": "windows"}}}, f"{P}.os"),
+    ({"metadata": {"finalizers": ["x"]}}, "spec.podTemplatePatch.metadata.finalizers"),
+    ({"spec": {"containers": [{"name": "vllm", "volumeDevices": [{"name": "settings", "devicePath": "/dev/x"}]}]}},
+     f"{P}.containers[vllm].volumeDevices"),
+    ({"spec": {"containers": [{"name": "vllm", "workingDir": "/tmp"}]}}, f"{P}.containers[vllm].workingDir"),
+    ({"spec": {"containers": [{"name": "second", "image": "envoyproxy/envoy:v1.31.0"}]}}, f"{P}.containers[second]"),
+    # Pod Security baseline rules the hand-written subset missed
+    ({"spec": {"initContainers": [{"name": "proxy", "securityContext": {"seLinuxOptions": {"type": "spc_t"}}}]}},
+     f"{P}.initContainers[proxy].securityContext.seLinuxOptions"),
+    ({"spec": {"initContainers": [{"name": "proxy", "securityContext": {"procMount": "Unmasked"}}]}},
+     f"{P}.initContainers[proxy].securityContext.procMount"),
+    ({"spec": {"initContainers": [{"name": "proxy", "securityContext": {"appArmorProfile": {"type": "Unconfined"}}}]}},
+     f"{P}.initContainers[proxy].securityContext.appArmorProfile"),
+    ({"spec": {"initContainers": [{"name": "proxy", "securityContext": {"windowsOptions": {"hostProcess": True}}}]}},
+     f"{P}.initContainers[proxy].securityContext.windowsOptions"),
+    ({"spec": {"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}},
+     f"{P}.securityContext.sysctls"),
+    ({"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"}}},
+     "spec.podTemplatePatch.metadata.annotations[container.apparmor.security.beta.kubernetes.io/vllm]"),
+    ({"spec": {"initContainers": [{"name": "proxy", "readinessProbe": {"httpGet": {"host": "10.0.0.1", "port": 80}}}]}},
+     f"{P}.initContainers[proxy].readinessProbe.httpGet.host"),
+])
+def test_a_patch_outside_the_allowlist_is_refused_naming_the_field(patch, field):
+    refused(patch, field)
+
+
+def test_apparmor_unconfined_through_the_typed_pod_annotations_is_refused():
+    plan = plan_with(podAnnotations={"container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"})
+    assert "spec.podAnnotations[container.apparmor.security.beta.kubernetes.io/vllm]" in fields(plan), plan.problems
+
+
+def test_other_nvidia_device_resources_beside_gpu_count_are_refused():
+    plan = plan_with(resources={"limits": {"nvidia.com/gpu.shared": "8"}})
+    assert "spec.resources" in fields(plan), plan.problems
+    plan = plan_with(engine={"env": [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}]})
+    assert "spec.engine.env[0]" in fields(plan), plan.problems
+
+
+def test_what_the_allowlist_offers_is_admitted():
+    patch = {"metadata": {"labels": {"team": "a"}, "annotations": {"prometheus.io/scrape": "true",
+                                                                   "container.apparmor.security.beta.kubernetes.io/vllm":
+                                                                       "runtime/default"}},
+             "spec": {"tolerations": [{"key": "t", "operator": "Exists"}], "nodeSelector": {"zone": "a"},
+                      "affinity": {"nodeAffinity": {}}, "dnsConfig": {"options": [{"name": "ndots", "value": "1"}]},
+                      "securityContext": {"fsGroup": 2000, "supplementalGroups": [3000]},
+                      "volumes": [{"name": "d", "downwardAPI": {"items": [{"path": "l", "fieldRef": {
+                          "fieldPath": "metadata.labels"}}]}}],
+                      "containers": [{"name": "vllm", "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+                                      "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "app-settings"}}],
+                                      "resources": {"requests": {"cpu": "6"}},
+                                      "volumeMounts": [{"name": "d", "mountPath": "/etc/podinfo"}],
+                                      "securityContext": {"readOnlyRootFilesystem": True}}],
+                      "initContainers": [{"name": "proxy", "args": ["--x"], "readinessProbe": {
+                          "tcpSocket": {"port": 9901}}, "resources": {"limits": {"memory": "1Gi"}}}]}}
+    plan = plan_with(podTemplatePatch=patch)
+    assert plan.fits, plan.problems
+
+
+def test_every_name_a_container_can_see_is_found_by_the_walk():
+    pod = {"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"audience": "a", "path": "t"}},
+                                                               {"podCertificate": {"signerName": "s"}}]}},
+                       {"name": "e", "ephemeral": {"volumeClaimTemplate": {"spec": {"volumeName": "pv-b"}}}},
+                       {"name": "c", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "csi-secret"}}}],
+           "containers": [{"name": "x", "envFrom": [{"prefix": "P_", "secretRef": {"name": "s1"}}],
+                           "resources": {"claims": [{"name": "gpu-claim"}]}}]}
+    kinds = {kind for kind, _ in escape_hatches.references(pod)}
+    assert {"ServiceAccountToken", "PodCertificate", "PersistentVolume", "csi volume", "Secret",
+            "ResourceClaim"} <= kinds
+    assert ("Secret", "csi-secret") in escape_hatches.references(pod)
+    assert ("Secret", "s1") in escape_hatches.references(pod)
+
+
+@pytest.mark.parametrize("spec, what", [
+    ({"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}, "sysctl"),
+    ({"securityContext": {"sysctls": [{"name": "net.ipv4.tcp_syncookies", "value": "1"}]}}, None),
+    ({"containers": [{"name": "c", "securityContext": {"seLinuxOptions": {"type": "spc_t"}}}]}, "seLinuxOptions"),
+    ({"containers": [{"name": "c", "securityContext": {"seLinuxOptions": {"type": "container_t"}}}]}, None),
+    ({"containers": [{"name": "c", "securityContext": {"procMount": "Unmasked"}}]}, "procMount"),
+    ({"containers": [{"name": "c", "securityContext": {"windowsOptions": {"hostProcess": True}}}]}, "hostProcess"),
+    ({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}, "seccompProfile Unconfined"),
+    ({"ephemeralContainers": [{"name": "e", "securityContext": {"privileged": True}}]}, "privileged"),
+    ({"containers": [{"name": "c", "lifecycle": {"preStop": {"httpGet": {"host": "h", "port": 1}}}}]}, "httpGet.host"),
+    ({"containers": "not a list", "volumes": [None, 3]}, None),
+])
+def test_the_offline_reading_has_every_baseline_rule(spec, what):
+    found = podsecurity.violations(spec, "baseline")
+    assert (what is None and not found) or any(what in v.what for v in found), found
+    assert podsecurity.violations(spec, "baseline", {podsecurity.APPARMOR_ANNOTATION + "c": "unconfined"})
+
+
+# --------------------------------------------------------------------------- never raises
+_ANY = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=4)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                            st.dictionaries(st.text(max_size=4), inner, max_size=3)), max_leaves=8)
+_NAMED = st.fixed_dictionaries({"name": st.one_of(_ANY, st.sampled_from(["vllm", "proxy", "cache"]))},
+                               optional={"image": _ANY, "env": st.lists(st.fixed_dictionaries({"name": _ANY}),
+                                                                        max_size=2), "mountPath": _ANY})
+_LISTS = ["containers", "initContainers", "volumes", "imagePullSecrets", "ephemeralContainers", "tolerations"]
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.dictionaries(st.sampled_from(_LISTS), st.lists(_NAMED, max_size=2), max_size=3), _ANY)
+def test_no_patch_makes_the_plan_raise(pod_spec, metadata):
+    """A non-string merge key (`containers: [{name: {x: 1}}]`), a list where a map belongs, anything: a problem
+    naming a field under spec.podTemplatePatch, never an exception (the reconciler would retry it forever)."""
+    patch = {"spec": pod_spec, "metadata": metadata}
+    plan = plan_with(podTemplatePatch=patch)
+    assert plan.fits or all(p.field.startswith("spec.podTemplatePatch") for p in plan.problems), plan.problems
+
+
+def test_a_non_string_merge_key_is_a_problem():
+    plan = plan_with(podTemplatePatch={"spec": {"containers": [{"name": {"x": 1}}]}})
+    assert fields(plan) == ["spec.podTemplatePatch.spec.containers[0].name"], plan.problems
