@@ -35,6 +35,7 @@ from .informers.reader import ReadFailed
 from . import peering
 from .autoscaler import actuator, ownership
 from .kube.client import ApiError, Kube
+from .controller.pod_admission import PodAdmission
 from .controller.reconcile import Reconciler
 from .urlpolicy import URLPolicy
 
@@ -117,7 +118,7 @@ def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = 
     return Reconciler(kube, hf_endpoint=hub_endpoint(args),
                       hf_token=hub.token_reader(getattr(args, "hf_token_file", None)),
                       prometheus_url=getattr(args, "prometheus_url", None), events_of=events.FailureEvents(kube).of,
-                      urls=url_policy(args),
+                      urls=url_policy(args), pod_admission=PodAdmission(),
                       replan_budget=replan.Budget(getattr(args, "replan_outdated_per_minute", 0.0) or 0.0))
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Union
 
 from .. import api, builders, documents, pipeline, planner, podsecurity
 from . import failures, kvcapacity, replan
+from .pod_admission import PodAdmission
 from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
 from ..kube import apierrors, events
 from ..sources import model_facts, vllm_metrics
@@ -220,6 +221,9 @@ class Reconciler:
     #: The KV cache capacity vLLM allocated on the ready pods (kvcapacity.py), for status.kvCapacity; None: not
     #: reported.
     kv_capacity: Optional[vllm_metrics.Observations] = None
+    #: The API server's Pod Security admission asked by a dry run of the first pod (pod_admission.py); None: the
+    #: offline reading of the namespace's label only (tests with an in-memory API).
+    pod_admission: Optional[PodAdmission] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
     #: (namespace, server) -> the apply the API server last refused, held back until its slow retry is due.
@@ -505,15 +509,17 @@ class Reconciler:
             result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
 
     def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
-        """Why the namespace's Pod Security level would refuse the workload's pods, if it would."""
+        """Why the namespace's Pod Security level would refuse the workload's pods, if it would: the offline reading
+        of the namespace's label first, then the API server's own admission by a dry run (pod_admission.py)."""
         level = podsecurity.enforced_level(self.namespace_labels(namespace))
-        if level is None:
-            return None
         for obj in desired:
             if obj["kind"] in ("StatefulSet", "DaemonSet"):
-                found = podsecurity.violations(obj["spec"]["template"]["spec"], level)
+                template = obj["spec"]["template"]
+                found = podsecurity.violations(template["spec"], level, template["metadata"].get("annotations"))
                 if found:
-                    return podsecurity.message(namespace, level, found)
+                    return podsecurity.message(namespace, level or "", found)
+                if self.pod_admission is not None:
+                    return self.pod_admission.refusal(self.kube, obj)
         return None
 
     def namespace_labels(self, namespace: str) -> Optional[dict[str, str]]:
