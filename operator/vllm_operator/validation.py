@@ -82,6 +82,21 @@ CREDENTIAL_FLAGS: dict[str, str] = {
                  "instead: vLLM reads the key from VLLM_API_KEY",
     "--hf-token": "set spec.hfTokenSecretRef instead: the operator passes the Secret's key as HF_TOKEN",
 }
+#: Flags of `vllm serve` that read a file named by their value (by their names in every release's snapshot:
+#: --config, --*-file, --*-path, --*-certfile, --*-keyfile, --*-ca-certs, --*-plugin, and --generation-config, a
+#: folder): what the file says would reach vLLM past these checks (--config splices its flags in, a chat template
+#: or a logging config is code), so extraArgs may not set them. Not files: --root-path (a URL prefix),
+#: --io-processor-plugin (a plugin's registered name).
+_FILE_FLAG = re.compile(r"^--(config|[a-z0-9-]*-(file|path|certfile|keyfile|ca-certs|plugin))$")
+_FILE_FLAGS_ALSO = frozenset({"--generation-config"})
+_NOT_FILE_FLAGS = frozenset({"--root-path", "--io-processor-plugin"})
+
+
+def reads_a_file(flag: str) -> bool:
+    """Whether a (normalised) flag of `vllm serve` reads a file its value names."""
+    return flag not in _NOT_FILE_FLAGS and (flag in _FILE_FLAGS_ALSO or bool(_FILE_FLAG.match(flag)))
+
+
 #: Flags the pod depends on (probes and Services): extraArgs may set them only with the escape-hatch
 #: annotation api.ALLOW_UNSAFE_ARGS_ANNOTATION (docs/security.md).
 UNSAFE_FLAGS = ("--host", "--port")
@@ -639,7 +654,7 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
         refusal = None
         if loose and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
                 and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
-                and not (dotted and dotted in OWNED_FLAGS):
+                and not (dotted and dotted in OWNED_FLAGS) and not reads_a_file(normal):
             if not eq and i < len(extra) and _is_value(extra[i]):
                 i += len(_values(extra, i, info))
             continue
@@ -659,6 +674,9 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
             if action and action != normal:
                 refusal = f"{flag} is vLLM's other name for {action}, which is derived by the operator; set {owner} " \
                           "instead"
+        elif reads_a_file(normal):
+            refusal = (f"{flag} reads a file, whose contents would reach vLLM past the operator's checks (--config "
+                       "splices its flags in); set the flags themselves in extraArgs, or the spec's fields")
         elif info is None:
             refusal = f"vLLM {snap.version} has no flag {flag}: the server would exit with code 2 and crash-loop"
         if refusal:

@@ -194,3 +194,27 @@ def test_no_patch_makes_the_plan_raise(pod_spec, metadata):
 def test_a_non_string_merge_key_is_a_problem():
     plan = plan_with(podTemplatePatch={"spec": {"containers": [{"name": {"x": 1}}]}})
     assert fields(plan) == ["spec.podTemplatePatch.spec.containers[0].name"], plan.problems
+
+
+# --------------------------------------------------------------------------- flags that read a file
+def test_the_flags_that_read_a_file_come_from_every_releases_snapshot():
+    from vllm_operator import validation, vllm_flags
+
+    found = set()
+    for release in vllm_flags.releases():
+        found |= {f for f in vllm_flags.snapshot(release).flags if validation.reads_a_file(f)}
+    assert {"--config", "--log-config-file", "--ssl-keyfile", "--tool-parser-plugin", "--generation-config",
+            "--allowed-local-media-path", "--hf-config-path"} <= found
+    assert not found & {"--root-path", "--io-processor-plugin", "--model-loader-extra-config", "--tokenizer"}
+
+
+@pytest.mark.parametrize("extra", [["--config", "/etc/app/flags.yaml"], ["--config=/etc/app/flags.yaml"],
+                                   ["--log-config-file", "/x.json"], ["--tool-parser-plugin", "/x.py"],
+                                   ["--generation-config", "/models/x"]])
+@pytest.mark.parametrize("image", ["vllm/vllm-openai:v0.32.0", "vllm/vllm-openai:v0.99.0", "vllm/vllm-openai:latest"])
+def test_extra_args_may_not_read_a_file(extra, image):
+    """--config splices a file's flags in, past the flag check (--chat-template, --port, ...); with a release the
+    operator has no snapshot of (checked loosely) too."""
+    plan = plan_with(image=image, engine={"extraArgs": extra})
+    assert "spec.engine.extraArgs[0]" in fields(plan), plan.problems
+    assert any("reads a file" in p.message for p in plan.problems)
