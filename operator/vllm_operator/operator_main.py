@@ -117,6 +117,7 @@ def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = 
     check_server_version(kube)
     return Reconciler(kube, hf_endpoint=hub_endpoint(args),
                       hf_token=hub.token_reader(getattr(args, "hf_token_file", None)),
+                      hf_token_repos=tuple(getattr(args, "hf_token_repo", None) or ()),
                       prometheus_url=getattr(args, "prometheus_url", None), events_of=events.FailureEvents(kube).of,
                       urls=url_policy(args), pod_admission=PodAdmission(),
                       replan_budget=replan.Budget(getattr(args, "replan_outdated_per_minute", 0.0) or 0.0))

@@ -202,6 +202,9 @@ class Reconciler:
     hf_endpoint: Optional[str] = None
     #: The operator's own Hub token, read at each reconcile (hub.token_reader); False: none.
     hf_token: Callable[[], Union[str, bool]] = lambda: False
+    #: The orgs and repo prefixes the operator's Hub token is sent for (hub.token_for); others are looked up
+    #: anonymously. Empty: the token is sent for none.
+    hf_token_repos: tuple[str, ...] = ()
     prometheus_url: Optional[str] = None
     clock: Callable[[], str] = utcnow
     fetch_config: Optional[Callable[..., dict]] = None
@@ -282,6 +285,7 @@ class Reconciler:
         run.spec = spec
         run.plan = pipeline.plan_server(run.name, run.namespace, spec, hf_endpoint=self.hf_endpoint,
                                         hf_token=self.hf_token() if self.hf_endpoint else False,
+                                        hf_token_repos=self.hf_token_repos,
                                         default_prometheus_url=self.prometheus_url,
                                         allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
                                         configs=self.configs, urls=self.urls, **kwargs)
