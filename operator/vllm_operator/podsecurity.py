@@ -118,7 +118,9 @@ def _baseline(spec: dict[str, Any], annotations: dict[str, Any]) -> list[Violati
         if added:
             out.append(Violation("baseline", name, f"capabilities {sorted(added)}",
                                  f"{path}.securityContext.capabilities.add"))
-        if sc.get("procMount") not in (None, "Default"):
+        # baseline allows an unmasked /proc in a user namespace of the pod's own (hostUsers: false, 1.33+, which the
+        # API server requires for it anyway); restricted never does (below).
+        if sc.get("procMount") not in (None, "Default") and spec.get("hostUsers") is not False:
             out.append(Violation("baseline", name, f"procMount {sc.get('procMount')!r}",
                                  f"{path}.securityContext.procMount"))
         if any(_map(p).get("hostPort") for p in _list(c.get("ports"))) and not spec.get("hostNetwork"):
@@ -182,6 +184,8 @@ def _restricted(spec: dict[str, Any]) -> list[Violation]:
             out.append(Violation("restricted", name, "runAsNonRoot must be true", f"{at}.runAsNonRoot"))
         if sc.get("runAsUser") == 0 or ("runAsUser" not in sc and pod_sc.get("runAsUser") == 0):
             out.append(Violation("restricted", name, "runAsUser must not be 0", f"{at}.runAsUser"))
+        if sc.get("procMount") not in (None, "Default") and spec.get("hostUsers") is False:
+            out.append(Violation("restricted", name, f"procMount {sc.get('procMount')!r}", f"{at}.procMount"))
         seccomp = _map(sc.get("seccompProfile")).get("type", pod_seccomp)
         if seccomp not in ("RuntimeDefault", "Localhost"):
             out.append(Violation("restricted", name, "seccompProfile must be RuntimeDefault or Localhost",

@@ -159,6 +159,7 @@ def test_every_name_a_container_can_see_is_found_by_the_walk():
     ({"containers": [{"name": "c", "securityContext": {"seLinuxOptions": {"type": "spc_t"}}}]}, "seLinuxOptions"),
     ({"containers": [{"name": "c", "securityContext": {"seLinuxOptions": {"type": "container_t"}}}]}, None),
     ({"containers": [{"name": "c", "securityContext": {"procMount": "Unmasked"}}]}, "procMount"),
+    ({"containers": [{"name": "c", "securityContext": {"procMount": "Unmasked"}}], "hostUsers": False}, None),
     ({"containers": [{"name": "c", "securityContext": {"windowsOptions": {"hostProcess": True}}}]}, "hostProcess"),
     ({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}, "seccompProfile Unconfined"),
     ({"ephemeralContainers": [{"name": "e", "securityContext": {"privileged": True}}]}, "privileged"),
