@@ -21,6 +21,7 @@ instead. Every walk is linear in the template's size, which the patch's bounds (
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from . import api, builders, podsecurity, strategic_merge, validation
@@ -125,12 +126,12 @@ def template_problems(plan: Plan) -> list[Problem]:
             final = strategic_merge.apply(base, spec.pod_template_patch)
         except strategic_merge.PatchError as exc:
             path = exc.path if exc.path.startswith(PATCH_FIELD) else f"{PATCH_FIELD}.{exc.path}"
-            return [Problem(path, exc.message)]
+            return _bounded([Problem(path, exc.message)])
     if not isinstance(final.get("spec"), dict) or not isinstance(final.get("metadata"), dict):
         return [Problem(PATCH_FIELD, "its metadata and spec must be maps")]
     shape = _shape_problems(final["spec"])
     if shape:
-        return shape
+        return _bounded(shape)
     try:
         out = _derived_fields(plan, base, final) + _volume_kinds(final["spec"]) + _grants(base, final)
         out += _gpus(plan, base, final) + _metadata(final) + _allowlist(plan, base, final)
@@ -143,7 +144,29 @@ def template_problems(plan: Plan) -> list[Problem]:
         return [Problem(PATCH_FIELD, "does not make a valid pod template: a field holds a value of the wrong "
                                      "type (a string where a map or list belongs, or the reverse)")]
     out += _pod_security(spec, base, final, found)
-    return _first_per_field(out)
+    return _bounded(_first_per_field(out))
+
+
+#: At most this many problems of the final template are reported (a patch of a thousand unknown keys is one
+#: finding, not a thousand lines of status), each field and message cut to these lengths.
+MAX_PROBLEMS = 12
+MAX_FIELD_CHARS = 256
+MAX_MESSAGE_CHARS = 512
+
+
+def _clean(text: str, limit: int) -> str:
+    """One line for a condition: control and format characters (newlines, ANSI escapes, bidi overrides) made '?',
+    cut to `limit` characters. The patch's keys are the tenant's and end up in field paths."""
+    out = "".join("?" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch for ch in text)
+    return out if len(out) <= limit else out[:limit - 1] + "…"
+
+
+def _bounded(found: list[Problem]) -> list[Problem]:
+    out = [Problem(_clean(p.field, MAX_FIELD_CHARS), _clean(p.message, MAX_MESSAGE_CHARS))
+           for p in found[:MAX_PROBLEMS]]
+    if len(found) > MAX_PROBLEMS:
+        out.append(Problem(PATCH_FIELD, f"and {len(found) - MAX_PROBLEMS} more problems like these"))
+    return out
 
 
 def _pod_security(spec: api.VLLMServerSpec, base: dict[str, Any], final: dict[str, Any],

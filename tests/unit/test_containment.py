@@ -219,3 +219,16 @@ def test_extra_args_may_not_read_a_file(extra, image):
     plan = plan_with(image=image, engine={"extraArgs": extra})
     assert "spec.engine.extraArgs[0]" in fields(plan), plan.problems
     assert any("reads a file" in p.message for p in plan.problems)
+
+
+def test_the_problems_of_a_patch_are_few_clean_lines():
+    """The patch's keys are the tenant's and become field paths in SpecValid, its Event and `kubectl describe`:
+    newlines, ANSI escapes and bidi overrides never reach them, and a patch of many unknown keys is a dozen
+    problems, not hundreds."""
+    plan = plan_with(podTemplatePatch={"spec": {"\x1b[31mred\nline\u202e": 1,
+                                                **{f"unknown{i}": i for i in range(300)}}})
+    assert not plan.fits and len(plan.problems) <= escape_hatches.MAX_PROBLEMS + 1
+    for p in plan.problems:
+        assert not any(ch in p.field + p.message for ch in "\x1b\n\u202e"), p
+        assert len(p.field) <= escape_hatches.MAX_FIELD_CHARS and len(p.message) <= escape_hatches.MAX_MESSAGE_CHARS
+    assert plan.problems[0].field == "spec.podTemplatePatch.spec.?[31mred?line?"

@@ -58,3 +58,10 @@ def test_other_refusals_are_left_to_the_controller_and_no_rbac_turns_it_off_for_
     assert admission.refusal(rbac, other) is None
     assert admission.refusal(rbac, {**WORKLOAD, "metadata": {"name": "third", "namespace": "team-a"}}) is None
     assert len(rbac.asked) == 1, "not asked again while the grant is missing"
+
+
+def test_a_server_error_is_not_remembered_and_blocks_nothing():
+    admission = PodAdmission()
+    kube = Answers((503, "webhook down"), (200, ""))
+    assert admission.refusal(kube, WORKLOAD) is None
+    assert admission.refusal(kube, WORKLOAD) is None and len(kube.asked) == 2

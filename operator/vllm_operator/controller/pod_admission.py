@@ -78,7 +78,11 @@ class PodAdmission:
         except ApiError as e:
             why = self._why(namespace, e, now)
             if why is None and e.status not in (400, 403, 409, 422):
-                raise  # 429, 5xx: the reconcile retries
+                # 429, 5xx (a webhook down): not asked this time, nothing remembered; the apply goes ahead and the
+                # controller's FailedCreate tells if the pods are refused.
+                log.info("namespace %s: the Pod Security dry run failed (HTTP %s); not checked this time",
+                         namespace, e.status)
+                return None
         self._seen[key] = (why, now + CACHE_SECONDS)
         self._seen.move_to_end(key)
         while len(self._seen) > CACHE_ENTRIES:
