@@ -322,13 +322,13 @@ def _volume_references(v: dict[str, Any], at: str, add: Callable[[str, Any, str]
         where = f"{at}.projected.sources[{i}]"
         add("Secret", _get(source, "secret", "name"), f"{where}.secret.name")
         add("ConfigMap", _get(source, "configMap", "name"), f"{where}.configMap.name")
-        add("ServiceAccountToken", _get(source, "serviceAccountToken", "audience") or "",
-            f"{where}.serviceAccountToken") if "serviceAccountToken" in source else None
-        add("PodCertificate", _get(source, "podCertificate", "signerName") or "",
-            f"{where}.podCertificate") if "podCertificate" in source else None
-        add("ClusterTrustBundle", _get(source, "clusterTrustBundle", "name")
-            or _get(source, "clusterTrustBundle", "signerName") or "", f"{where}.clusterTrustBundle") \
-            if "clusterTrustBundle" in source else None
+        # a token (by its audience), a certificate (by its signer), a trust bundle: what the pod gets is named there
+        for kind, key, name in (("ServiceAccountToken", "serviceAccountToken", "audience"),
+                                ("PodCertificate", "podCertificate", "signerName"),
+                                ("ClusterTrustBundle", "clusterTrustBundle", "signerName"),
+                                ("ClusterTrustBundle", "clusterTrustBundle", "name")):
+            if key in source:
+                add(kind, _get(source, key, name) or "", f"{where}.{key}")
     template = _get(v, "ephemeral", "volumeClaimTemplate", "spec")
     if template is not None:
         add("PersistentVolume", _get(template, "volumeName") or "", f"{at}.ephemeral.volumeClaimTemplate")
