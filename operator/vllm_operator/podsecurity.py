@@ -11,7 +11,7 @@ as k8s.io/pod-security-admission implements them at 1.37) for what a pod templat
 Unconfined, AppArmor in the fields and the annotations, unsafe sysctls, probe and lifecycle hosts) and every
 restricted one (volume types, privilege escalation, non-root, seccomp, capabilities), over init, regular and
 ephemeral containers. This is the offline reading (`vllm-operator plan`); the reconciler also asks the API server's
-own Pod Security admission with a server-side dry run of the pod (controller/podsecurity_dryrun.py), which decides.
+own Pod Security admission with a server-side dry run of the pod (controller/pod_admission.py), which decides.
 """
 
 from __future__ import annotations
