@@ -232,3 +232,31 @@ def test_the_problems_of_a_patch_are_few_clean_lines():
         assert not any(ch in p.field + p.message for ch in "\x1b\n\u202e"), p
         assert len(p.field) <= escape_hatches.MAX_FIELD_CHARS and len(p.message) <= escape_hatches.MAX_MESSAGE_CHARS
     assert plan.problems[0].field == "spec.podTemplatePatch.spec.?[31mred?line?"
+
+
+def test_the_walk_of_the_typed_fields_finds_exactly_what_the_admission_policy_checks():
+    """Every name the typed fields put in the pod is one the chart's policy checks the requester may get (its `refs`
+    variable and the cache claim's validation); the patch may add none (above). A typed field that granted a name the
+    policy does not check would show here as an extra name."""
+    from pathlib import Path
+
+    plan = plan_with(hfTokenSecretRef={"name": "hf", "key": "t"},
+                     engine={"env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "engine-s", "key": "k"}}}]},
+                     cache={"claimName": "models"},
+                     volumes=[{"name": "a", "secret": {"secretName": "vol-s"}},
+                              {"name": "b", "configMap": {"name": "vol-c"}},
+                              {"name": "c", "persistentVolumeClaim": {"claimName": "vol-p"}}],
+                     initContainers=[{"name": "i", "image": "x", "env": [
+                         {"name": "K", "valueFrom": {"secretKeyRef": {"name": "init-s", "key": "k"}}}]}],
+                     sidecars=[{"name": "s", "image": "x", "env": [
+                         {"name": "K", "valueFrom": {"secretKeyRef": {"name": "side-s", "key": "k"}}}]}])
+    assert plan.fits, plan.problems
+    found = set(escape_hatches.references(builders.base_pod_template(plan)["spec"]))
+    assert found == {("Secret", "hf"), ("Secret", "engine-s"), ("PersistentVolumeClaim", "models"),
+                     ("Secret", "vol-s"), ("ConfigMap", "vol-c"), ("PersistentVolumeClaim", "vol-p"),
+                     ("Secret", "init-s"), ("Secret", "side-s")}
+    policy = (Path(__file__).resolve().parents[2] / "charts/vllm-operator/templates/admission-policy.yaml").read_text()
+    for field in ("spec.hfTokenSecretRef.name", "spec.engine.env[", "spec.volumes[", ".secret.secretName",
+                  ".configMap.name", ".persistentVolumeClaim.claimName", "spec.cache.claimName", "initContainers",
+                  "sidecars", "podTemplatePatch.metadata.labels"):
+        assert field in policy, field
