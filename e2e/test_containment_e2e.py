@@ -2,9 +2,10 @@
 ClusterRole and admission policy), `vllm-operator run` under the bundle's ServiceAccount, a tenant with only
 vllmservers and pods (impersonated). Each attack of tests/apiserver/test_containment_apiserver.py (a projected
 ServiceAccount token, another team's PersistentVolume through an ephemeral claim, an inline CSI volume,
-NVIDIA_VISIBLE_DEVICES through envFrom's prefix, nvidia.com/gpu.shared beside gpu.count, a non-string merge key,
+NVIDIA_VISIBLE_DEVICES through envFrom's prefix, a non-string merge key,
 SELinux spc_t, AppArmor unconfined through podAnnotations) is admitted by the policy and ends SpecValid=False naming
-its field with nothing applied; on main at 6bf2599 each got a StatefulSet (the merge key: a TypeError retried
+its field with nothing applied; on main at 6bf2599 each got a StatefulSet (as did nvidia.com/gpu.shared beside
+gpu.count, which the CRD now refuses) (the merge key: a TypeError retried
 forever). Meanwhile the same tenant's plain server is applied, /healthz answers, and the operator's log shows no
 RBAC trouble (the Pod Security dry run included: create on pods).
 """

@@ -3,9 +3,9 @@
 
 Each attack below is admitted by the API server and the policy (they cannot see into a free-form patch), and
 main at 6bf2599 applied a StatefulSet for it (SpecValid=True): a projected ServiceAccount token, an ephemeral claim
-of another team's PersistentVolume, an inline CSI volume, NVIDIA_VISIBLE_DEVICES through envFrom's prefix, other
-NVIDIA device resources beside gpu.count, a non-string merge key (a TypeError out of the reconcile). Now each is
-SpecValid=False naming the field, and nothing is applied.
+of another team's PersistentVolume, an inline CSI volume, NVIDIA_VISIBLE_DEVICES through envFrom's prefix, a non-string merge key (a TypeError out of the reconcile). Now each is
+SpecValid=False naming the field, and nothing is applied. Other NVIDIA device resources beside gpu.count
+(nvidia.com/gpu.shared) and NVIDIA_* variables in the typed fields are refused by the CRD itself.
 
 Pod Security: the API server's own admission decides, by a dry run of the first pod (controller/pod_admission.py);
 the offline reading (podsecurity.py, the CLI's `plan`) agrees with it on every baseline rule tested here.
@@ -67,7 +67,6 @@ ATTACKS = [
     ("nvidia-prefix", patched("nvidia-prefix", {"spec": {"initContainers": [{"name": "proxy", "envFrom": [
         {"prefix": "NVIDIA_", "configMapRef": {"name": "app-settings"}}]}]}}),
      "spec.podTemplatePatch.spec.initContainers[proxy].envFrom[0].prefix"),
-    ("gpu-shared", server("gpu-shared", resources={"limits": {"nvidia.com/gpu.shared": "8"}}), "spec.resources"),
     ("merge-key", patched("merge-key", {"spec": {"containers": [{"name": {"x": 1}}]}}),
      "spec.podTemplatePatch.spec.containers[0].name"),
     ("selinux", patched("selinux", {"spec": {"initContainers": [{"name": "proxy", "securityContext": {
@@ -191,3 +190,18 @@ def test_the_offline_reading_agrees_with_the_api_servers_pod_security(control_pl
         assert bool(why) == bool(offline), (what, why, offline)  # the two readings agree
         assert (why is None) == (what in ADMITTED and level == "baseline"), (what, why)
         assert why is None or "violates PodSecurity" in why, why
+
+
+def test_the_crd_refuses_device_resources_and_variables_in_the_typed_fields(control_plane, namespace, crd_installed):
+    """nvidia.com/gpu.shared beside gpu.count and NVIDIA_* variables: the API server refuses them before the operator
+    sees them (the operator refuses them too, for the CLI and objects admitted before)."""
+    for name, spec, words in (
+            ("shared", {"resources": {"limits": {"nvidia.com/gpu.shared": "8"}}}, "nvidia.com/ device resources"),
+            ("sidecar", {"sidecars": [{"name": "p", "image": "x", "resources": {"requests": {"nvidia.com/mig-1g.10gb":
+                                                                                              "1"}}}]},
+             "nvidia.com/ device resources"),
+            ("toolkit", {"engine": {"env": [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}]}}, "NVIDIA_*")):
+        doc = server(name, **spec)
+        p = control_plane.kubectl("create", "-n", namespace, "--dry-run=server", "-f", "-", input=json.dumps(doc),
+                                  check=False)
+        assert p.returncode != 0 and words in p.stderr, (name, p.stderr)
