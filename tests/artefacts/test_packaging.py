@@ -176,6 +176,12 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
     assert "--disable-scanning" not in container(objects)["args"]
 
 
+def test_the_pod_security_dry_run_grant_can_be_left_out():
+    """rbac.podSecurityDryRun: false leaves pods read only (the reconciler then reads the namespace's label only)."""
+    (role,) = by_kind(render({"rbac": {"podSecurityDryRun": False}}), "ClusterRole")
+    assert rules(role)[("", "pods")] == {"get", "list", "watch"}
+
+
 def test_docs_rbac_table_is_the_charts_cluster_role():
     documented = {}
     for row in (ROOT / "docs" / "rbac.md").read_text().splitlines():
