@@ -417,6 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("--verbose", action="store_true")
     _hub_arguments(run, operator=True)
+    run.add_argument("--hf-token-repo", action="append", default=[], metavar="PREFIX",
+                     help="an org (my-org) or repo id prefix (my-org/llama-) whose models the --hf-token-file token "
+                          "is sent for (repeatable); every other model is looked up anonymously, so the token tells "
+                          "tenants nothing of other private models (default: none); docs/security.md")
     _url_arguments(run)
     run.add_argument("--resync-seconds", type=float, default=60.0, help="periodic reconcile interval")
     run.add_argument("--replan-outdated-per-minute", type=float, default=0.0,
