@@ -87,6 +87,11 @@ def spec_problems(spec: api.VLLMServerSpec) -> list[Problem]:
                                                     "are unique over initContainers and sidecars)"))
             seen.add(c.name)
             out += _mount_problems(f"{where}.volumeMounts", c.volume_mounts, volumes, vllm=False)
+            # The CRD's rule on every EnvVar (api.EnvVar), for `plan`: engine.env's is validation.env_problems.
+            out += [Problem(f"{where}.env[{j}].name", "this variable is set by the operator (HOME, HF_HOME, HF_TOKEN: "
+                            "use spec.cache and spec.hfTokenSecretRef) or by the NVIDIA device plugin and container "
+                            "toolkit (CUDA_VISIBLE_DEVICES, NVIDIA_*: use spec.gpu)")
+                    for j, e in enumerate(c.env) if e.name in api.OWNED_ENV or validation.device_env(e.name)]
             for side in ("requests", "limits"):
                 for name in getattr(c.resources, side):
                     if name.startswith(GPU_RESOURCE_PREFIX):
