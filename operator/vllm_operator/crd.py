@@ -104,9 +104,13 @@ PRINTER_COLUMNS = [
     {"name": "Ready-Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {"name": "Max-Context", "type": "integer", "jsonPath": ".status.plan.estimates.maxModelLen"},
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-    # Why not ready (Loading, OOMKilled, Unschedulable, InvalidSpec, ...): docs/failures.md.
+    # Why not ready (Loading, OOMKilled, Unschedulable, ...), or why the spec cannot be deployed (InvalidSpec,
+    # DoesNotFit, ModelUnknown, GPUUnknown, PodSecurityForbidden): docs/failures.md.
     {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # Ready's message (the field to change, the numbers) in `kubectl get vllms -o wide`.
+    {"name": "Message", "type": "string", "priority": 1,
+     "jsonPath": '.status.conditions[?(@.type=="Ready")].message'},
 ]
 
 

@@ -107,6 +107,8 @@ class Problem:
 
     field: str
     message: str
+    reason: str = api.REASON_INVALID_SPEC
+    """The kind of problem (api.SPEC_REASONS): SpecValid's and Ready's reason when it is the first."""
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"

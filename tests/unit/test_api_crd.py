@@ -109,7 +109,8 @@ def test_subresources_and_printer_columns():
         "labelSelectorPath": ".status.selector",
     }
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Model", "Workload", "Desired", "Ready-Replicas", "Max-Context", "Ready", "Reason", "Age"]
+    assert names == ["Model", "Workload", "Desired", "Ready-Replicas", "Max-Context", "Ready", "Reason", "Age",
+                         "Message"]
     assert crd.crd()["spec"]["names"]["shortNames"] == ["vllms"]
 
 

@@ -14,7 +14,8 @@ from .names import (
     ALLOW_UNSAFE_ARGS_ANNOTATION, API_VERSION, Annotations, ByteSize, DEFAULT_IMAGE, DEFAULT_RUN_AS_USER,
     DNSSubdomain, DNS_SUBDOMAIN_PATTERN, FreeForm, GROUP, KIND, LABEL_VALUE_PATTERN, LabelValue, Labels,
     MAX_ANNOTATION_VALUE, MAX_EXPONENT, MAX_MAP_ENTRIES, MAX_NAME_LENGTH, MAX_QUANTITY, MIN_KUBERNETES_VERSION,
-    PLURAL, PodTemplatePatch, QUANTITY_PATTERN, Quantity, SHORT_NAMES, SINGULAR, VERSION, VLLM_PORT,
+    PLURAL, PodTemplatePatch, QUANTITY_PATTERN, Quantity, REASON_DOES_NOT_FIT, REASON_GPU_UNKNOWN,
+    REASON_INVALID_SPEC, REASON_MODEL_UNKNOWN, SHORT_NAMES, SINGULAR, SPEC_REASONS, VERSION, VLLM_PORT,
     VLLM_VERSION, _Model, _SUFFIX, allows_unsafe_args, cel, parse_kube_version, parse_quantity,
 )
 from .kube_types import (
@@ -37,7 +38,8 @@ __all__ = [
     "DEFAULT_RUN_AS_USER", "DNSSubdomain", "DNS_SUBDOMAIN_PATTERN", "FreeForm", "GROUP", "KIND",
     "LABEL_VALUE_PATTERN", "LabelValue", "Labels", "MAX_ANNOTATION_VALUE", "MAX_EXPONENT", "MAX_MAP_ENTRIES",
     "MAX_NAME_LENGTH", "MAX_QUANTITY", "MIN_KUBERNETES_VERSION", "PLURAL", "PodTemplatePatch",
-    "QUANTITY_PATTERN", "Quantity", "SHORT_NAMES", "SINGULAR", "VERSION", "VLLM_PORT", "VLLM_VERSION", "_Model",
+    "QUANTITY_PATTERN", "Quantity", "REASON_DOES_NOT_FIT", "REASON_GPU_UNKNOWN", "REASON_INVALID_SPEC",
+    "REASON_MODEL_UNKNOWN", "SPEC_REASONS", "SHORT_NAMES", "SINGULAR", "VERSION", "VLLM_PORT", "VLLM_VERSION", "_Model",
     "_SUFFIX", "allows_unsafe_args", "cel", "parse_kube_version", "parse_quantity", "ClaimVolumeSource",
     "ConfigMapVolumeSource", "Container", "ContainerPort", "DNSLabel", "DNS_LABEL_PATTERN",
     "EmptyDirVolumeSource", "EnvVar", "EnvVarSource", "KeyToPath", "MAX_EXTRA_CONTAINERS", "MAX_EXTRA_VOLUMES",
