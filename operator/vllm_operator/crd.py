@@ -8,6 +8,7 @@ with null) as apiextensions.k8s.io/v1 requires. `vllm-operator crd` prints it an
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pydantic
@@ -64,10 +65,30 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
+def _one_line(text: str) -> str:
+    """A docstring as one paragraph: kubectl explain wraps descriptions itself, so a docstring's line breaks would
+    print mid-sentence."""
+    return re.sub(r"\s*\n\s*", " ", text).strip()
+
+
+def _explainable(node: Any) -> Any:
+    """Descriptions on one line, and int-or-string quantities declared as Kubernetes' own CRDs declare them
+    (anyOf integer, string), which kubectl explain shows as <IntOrString> instead of <Object>."""
+    if isinstance(node, list):
+        return [_explainable(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: (_one_line(v) if k == "description" and isinstance(v, str) else _explainable(v))
+           for k, v in node.items()}
+    if out.get("x-kubernetes-int-or-string") and "anyOf" not in out:
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    return out
+
+
 def model_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
-    return _resolve(raw, defs)
+    return _explainable(_resolve(raw, defs))
 
 
 def openapi_schema() -> dict[str, Any]:

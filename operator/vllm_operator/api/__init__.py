@@ -25,7 +25,8 @@ from .kube_types import (
     SecretKeySelector, SecretVolumeSource, Toleration, Volume, VolumeMount,
 )
 from .spec import (
-    AUTOSCALING_TOLERANCE, AutoscalingSpec, CacheSpec, EngineSpec, GPUSpec, ModelArchitecture, ModelSpec,
+    AUTOSCALING_TOLERANCE, AutoscalingSpec, CacheSpec, ClaimRetentionPolicy, EngineSpec, GPUSpec, ModelArchitecture,
+    ModelSpec,
     NOT_A_FLAG_PATTERN, ObjectMeta, Quantization, VLLMServer, VLLMServerSpec, WorkloadProfile,
     downloads_in_init_container, is_hub_model,
 )
@@ -45,7 +46,7 @@ __all__ = [
     "EmptyDirVolumeSource", "EnvVar", "EnvVarSource", "KeyToPath", "MAX_EXTRA_CONTAINERS", "MAX_EXTRA_VOLUMES",
     "OPERATOR_CONTAINERS", "OPERATOR_MOUNT_PATHS", "OPERATOR_VOLUMES", "OWNED_ENV", "ResourceOverrides",
     "SecretKeyRef", "SecretKeySelector", "SecretVolumeSource", "Toleration", "Volume", "VolumeMount",
-    "AUTOSCALING_TOLERANCE", "AutoscalingSpec", "CacheSpec", "EngineSpec", "GPUSpec", "ModelArchitecture",
+    "AUTOSCALING_TOLERANCE", "AutoscalingSpec", "CacheSpec", "ClaimRetentionPolicy", "EngineSpec", "GPUSpec", "ModelArchitecture",
     "ModelSpec", "NOT_A_FLAG_PATTERN", "ObjectMeta", "Quantization", "VLLMServer", "VLLMServerSpec",
     "WorkloadProfile", "downloads_in_init_container", "is_hub_model", "AutoscalingStatus", "Condition",
     "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus",
