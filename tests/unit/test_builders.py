@@ -177,6 +177,22 @@ def test_cache_volume(cache, claim_templates, volume):
     assert {"name": "cache", "mountPath": builders.CACHE_MOUNT} in c["volumeMounts"]
 
 
+@pytest.mark.parametrize(("cache", "policy"), [
+    ({"size": "50Gi"}, {"whenDeleted": "Delete", "whenScaled": "Retain"}),  # the stated default
+    ({"size": "50Gi", "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain"}},
+     {"whenDeleted": "Retain", "whenScaled": "Retain"}),
+    ({"size": "50Gi", "persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete"}},
+     {"whenDeleted": "Delete", "whenScaled": "Delete"}),
+    ({"size": "50Gi", "shared": True}, None),  # one claim, owned by the server: deleted with it
+    ({"claimName": "models"}, None),  # an existing claim: never touched
+])
+def test_the_per_replica_cache_claims_retention_policy(cache, policy):
+    """docs/storage.md: what happens to the cache claims when a server is deleted or scaled down."""
+    sts = builders.build_statefulset(plan_spec(cache=cache))
+    assert sts["spec"].get("persistentVolumeClaimRetentionPolicy") == policy
+    assert sts["spec"]["template"]["spec"]["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+
+
 # --------------------------------------------------------------------------- the pod
 def test_pod_args_and_gpus(example):
     plan, objects = example
