@@ -111,9 +111,9 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            # name and generateName bounded as every object's are (a DNS subdomain): releases before the cap (1.30 to at least 1.34) give
-            # CEL an unbounded metadata.name unless the schema says otherwise, and the rules above would then cost
-            # more than a CRD's whole budget (1.30.14: "rule cost total ... exceeds budget by factor of 1.9x").
+            # name and generateName bounded as every object's are (a DNS subdomain): releases before the cap (1.30
+            # to at least 1.34) give CEL an unbounded metadata.name unless the schema bounds it, and the rules above
+            # then cost more than a CRD's whole budget (1.30.14: "rule cost total ... exceeds budget by 1.9x").
             "metadata": {"type": "object", "properties": {
                 "name": {"type": "string", "maxLength": 253},
                 "generateName": {"type": "string", "maxLength": 252},
