@@ -71,17 +71,24 @@ def _one_line(text: str) -> str:
     return re.sub(r"\s*\n\s*", " ", text).strip()
 
 
+#: How a quantity's description starts: kubectl explain names a CRD field's type from its `type` only, so an
+#: int-or-string field (which has none) shows as <Object>; the description says what it takes.
+INT_OR_STRING = "int-or-string, a Kubernetes quantity such as 24Gi: "
+
+
 def _explainable(node: Any) -> Any:
-    """Descriptions on one line, and int-or-string quantities declared as Kubernetes' own CRDs declare them
-    (anyOf integer, string), which kubectl explain shows as <IntOrString> instead of <Object>."""
+    """Descriptions on one line (kubectl explain wraps them itself), and int-or-string quantities declared as
+    Kubernetes' own CRDs declare them (anyOf integer, string), their descriptions saying so."""
     if isinstance(node, list):
         return [_explainable(n) for n in node]
     if not isinstance(node, dict):
         return node
     out = {k: (_one_line(v) if k == "description" and isinstance(v, str) else _explainable(v))
            for k, v in node.items()}
-    if out.get("x-kubernetes-int-or-string") and "anyOf" not in out:
-        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if out.get("x-kubernetes-int-or-string"):
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+        if not str(out.get("description", "")).startswith(INT_OR_STRING):
+            out["description"] = INT_OR_STRING + str(out.get("description", ""))
     return out
 
 

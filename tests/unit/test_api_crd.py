@@ -170,6 +170,8 @@ def test_descriptions_are_one_paragraph_and_quantities_are_int_or_string_for_kub
     quantities = [node for path, node in nodes if node.get("x-kubernetes-int-or-string")]
     assert len(quantities) >= 5
     assert all(n["anyOf"] == [{"type": "integer"}, {"type": "string"}] for n in quantities)
+    # kubectl explain names a CRD field's type from `type` alone (<Object> here): the description says it
+    assert all(n["description"].startswith(crd.INT_OR_STRING) for n in quantities)
 
 
 def test_the_field_reference_is_generated_from_the_models_and_current():
