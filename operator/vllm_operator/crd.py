@@ -119,8 +119,8 @@ def openapi_schema() -> dict[str, Any]:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             # name and generateName bounded as every object's are (a DNS subdomain): releases before the cap (1.30
-            # to at least 1.34) give CEL an unbounded metadata.name unless the schema bounds it, and the rules above
-            # then cost more than a CRD's whole budget (1.30.14: "rule cost total ... exceeds budget by 1.9x").
+            # to at least 1.34) size an unbounded metadata.name at the 3 MB request limit in CEL's cost estimate,
+            # which the root's name rules then spend much of the CRD's budget on.
             "metadata": {"type": "object", "properties": {
                 "name": {"type": "string", "maxLength": 253},
                 "generateName": {"type": "string", "maxLength": 252},
