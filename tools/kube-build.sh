@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # Build the test bed's control plane from Go modules: kube-apiserver, kube-controller-manager and kubectl of the
-# Kubernetes release pinned in tools/testbed/<module>/go.mod (k8s.io/kubernetes, staging modules pinned with
+# Kubernetes release pinned in tools/testbed/kube/go.mod (k8s.io/kubernetes, staging modules pinned with
 # replace directives), and etcd of the release pinned in tools/testbed/etcd/go.mod (go.etcd.io/etcd/server/v3).
-#
-# Usage: tools/kube-build.sh [module]   module: kube (the newest claimed minor, the default) or kube-1.30 (the
-# oldest claimed minor, README's minimum); each pins one k8s.io/kubernetes release.
 #
 # Only the Go module proxy is needed (no Docker, no release downloads). The machine's Go builds it; a
 # go.mod that asks for a newer Go needs GOTOOLCHAIN exported before this runs (see the README).
@@ -20,10 +17,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TESTBED=$HERE/testbed
-MODULE=${1:-kube}
-[[ $MODULE =~ ^kube(-[0-9.]+)?$ && -f $TESTBED/$MODULE/go.mod ]] || { echo "kube-build: no module $MODULE" >&2; exit 1; }
-KUBE_VERSION=$(awk '$1 == "k8s.io/kubernetes" {sub(/^v/, "", $2); print $2; exit}
-  $1 == "require" && $2 == "k8s.io/kubernetes" {sub(/^v/, "", $3); print $3; exit}' "$TESTBED/$MODULE/go.mod")
+KUBE_VERSION=$(awk '$1 == "k8s.io/kubernetes" {sub(/^v/, "", $2); print $2; exit}' "$TESTBED/kube/go.mod")
 ETCD_VERSION=$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {sub(/^v/, "", $3); print $3; exit}' \
   "$TESTBED/etcd/go.mod")
 [[ -n $KUBE_VERSION && -n $ETCD_VERSION ]] || { echo "kube-build: cannot read the pinned versions" >&2; exit 1; }
@@ -32,7 +26,7 @@ CACHE=${VLLM_OPERATOR_CACHE:-$HOME/.cache/vllm-operator}
 OUT=$CACHE/kube-$KUBE_VERSION
 MARKER=$OUT/.built
 BINARIES=(kube-apiserver kube-controller-manager kubectl etcd)
-DIGEST=$(cat "$TESTBED/$MODULE"/go.mod "$TESTBED/$MODULE"/go.sum "$TESTBED"/etcd/go.mod "$TESTBED"/etcd/go.sum \
+DIGEST=$(cat "$TESTBED"/kube/go.mod "$TESTBED"/kube/go.sum "$TESTBED"/etcd/go.mod "$TESTBED"/etcd/go.sum \
   "$TESTBED"/etcd/main.go "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
 
 built() {
@@ -80,7 +74,7 @@ rm -rf "$OUT/bin.tmp"
 mkdir -p "$OUT/bin.tmp"
 for b in kube-apiserver kube-controller-manager kubectl; do
   step "go build: $b v$KUBE_VERSION"
-  (cd "$TESTBED/$MODULE" && go build -trimpath -ldflags "$LDFLAGS" -o "$OUT/bin.tmp/$b" "k8s.io/kubernetes/cmd/$b")
+  (cd "$TESTBED/kube" && go build -trimpath -ldflags "$LDFLAGS" -o "$OUT/bin.tmp/$b" "k8s.io/kubernetes/cmd/$b")
 done
 step "go build: etcd v$ETCD_VERSION"
 (cd "$TESTBED/etcd" && go build -trimpath -ldflags "-s -w" -o "$OUT/bin.tmp/etcd" .)

@@ -54,7 +54,7 @@ bash tools/kube-build.sh >/tmp/vllm-operator-kube-build.log 2>&1 || { tail -50 /
 OLDEST=${VLLM_OPERATOR_OLDEST_KUBE:-$([[ $# -eq 0 ]] && echo 1 || echo 0)}
 if [[ $OLDEST == 1 ]]; then
   step "the oldest claimed control plane: tools/testbed/kube-1.30 from Go modules (cached)"
-  bash tools/kube-build.sh kube-1.30 >/tmp/vllm-operator-kube-1.30-build.log 2>&1 \
+  bash tools/kube-build-module.sh kube-1.30 >/tmp/vllm-operator-kube-1.30-build.log 2>&1 \
     || { tail -50 /tmp/vllm-operator-kube-1.30-build.log; exit 1; }
 fi
 

@@ -134,7 +134,10 @@ def wait_for(probe, timeout: float = 60.0, what: str = "condition", interval: fl
 def ensure_binaries() -> Path:
     """Build kube-apiserver/kube-controller-manager if needed (fast when cached)."""
     t0 = time.monotonic()
-    subprocess.run(["bash", str(BUILD_SCRIPT), KUBE_MODULE], check=True)
+    if KUBE_MODULE == "kube":
+        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True)
+    else:
+        subprocess.run(["bash", str(TOOLS / "kube-build-module.sh"), KUBE_MODULE], check=True)
     d = bin_dir()
     for name in ("kube-apiserver", "kube-controller-manager", "etcd"):
         if not os.access(d / name, os.X_OK):
