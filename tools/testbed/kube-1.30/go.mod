@@ -2,8 +2,6 @@
 // k8s.io/kubernetes by tools/kube-build-module.sh, as tools/testbed/kube/ pins the newest. k8s.io/kubernetes
 // replaces its staging modules with ./staging paths that do not apply to a module that requires it: each staging
 // module is pinned here to the matching v0.N.P instead. Bump all of them together.
-module that requires it: each staging module is
-// pinned here to the matching v0.N.P instead. Bump all of them together.
 module vllm-operator.io/testbed/kube-1.30
 
 go 1.26.0
