@@ -146,6 +146,8 @@ class Problem:
 
     field: str
     message: str
+    reason: str = api.REASON_INVALID_SPEC
+    """The kind of problem (api.SPEC_REASONS): SpecValid's and Ready's reason when it is the first."""
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
@@ -557,14 +559,18 @@ def toleration_problems(spec: VLLMServerSpec) -> list[Problem]:
     return out
 
 
+def above_limit_problems(where: str, resources: api.ResourceOverrides) -> list[Problem]:
+    """Requests above their limits in one container's resources (`where`: the field path of the resources)."""
+    requests, limits = resources.requests, resources.limits
+    return [Problem(f"{where}.requests.{key}", f"{requests[key]} is above the limit {limits[key]}; Kubernetes refuses "
+                    "a request above its limit")
+            for key in sorted(set(requests) & set(limits)) if parse_quantity(requests[key]) > parse_quantity(limits[key])]
+
+
 def request_limit_problems(spec: VLLMServerSpec) -> list[Problem]:
     """spec.resources requests against limits, as Kubernetes checks them."""
-    out = []
+    out = above_limit_problems("spec.resources", spec.resources)
     requests, limits = spec.resources.requests, spec.resources.limits
-    for key in set(requests) & set(limits):
-        if parse_quantity(requests[key]) > parse_quantity(limits[key]):
-            out.append(Problem(f"spec.resources.requests.{key}", f"{requests[key]} is above the limit {limits[key]}; "
-                               "Kubernetes refuses a request above its limit"))
     for key, request in requests.items():
         if overcommittable(key):
             continue

@@ -99,8 +99,8 @@ class Plan:
     def max_concurrency(self) -> float:
         return self.kv_cache_tokens / self.max_model_len if self.max_model_len else 0.0
 
-    def problem(self, field_path: str, message: str) -> None:
-        self.problems.append(Problem(field_path, message))
+    def problem(self, field_path: str, message: str, reason: str = api.REASON_INVALID_SPEC) -> None:
+        self.problems.append(Problem(field_path, message, reason))
 
     def estimates(self) -> dict[str, Any]:
         """The estimates in the API's camelCase shape (status.plan.estimates, plan -o json)."""
