@@ -174,10 +174,11 @@ def download_container(plan: Plan, mounts: list[dict[str, Any]]) -> Optional[dic
 def pod_security_context(spec: api.VLLMServerSpec) -> dict[str, Any]:
     """Non-root with the runtime's default seccomp profile: what Pod Security "restricted" asks of a pod (the
     container adds no privilege escalation and drops every capability). fsGroup makes the model cache's claim
-    writable by that user."""
+    writable by that user; OnRootMismatch has the kubelet change the ownership of the volume only when its root does
+    not have it yet, not of every file of a cached model at every mount."""
     uid = spec.run_as_user
     return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
-            "seccompProfile": {"type": "RuntimeDefault"}}
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def node_placement(plan: Plan) -> tuple[dict[str, str], Optional[dict[str, Any]]]:
@@ -381,6 +382,9 @@ def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any
         if spec.cache.storage_class_name:
             claim["spec"]["storageClassName"] = spec.cache.storage_class_name
         sts_spec["volumeClaimTemplates"] = [claim]
+        retention = spec.cache.persistent_volume_claim_retention_policy
+        sts_spec["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": retention.when_deleted,
+                                                            "whenScaled": retention.when_scaled}
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata(plan, plan.name, owner),
             "spec": sts_spec}
 

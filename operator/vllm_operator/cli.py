@@ -11,7 +11,7 @@ from typing import Any, Optional, TextIO, Union
 
 import yaml
 
-from . import api, builders, catalog, crd, documents, pipeline, validation
+from . import api, builders, catalog, crd, documents, pipeline
 from .sources import hub
 from .planner import GiB, Plan
 from .urlpolicy import URLPolicy
@@ -61,9 +61,9 @@ def memory_bar(plan: Plan) -> str:
     return "[" + bar.ljust(BAR_WIDTH, ".")[:BAR_WIDTH] + "]"
 
 
-#: The header's words for each kind of problem (validation.INVALID_SPEC, ...).
-HEADLINES = {validation.INVALID_SPEC: "INVALID SPEC", validation.DOES_NOT_FIT: "DOES NOT FIT",
-             validation.MODEL_UNKNOWN: "MODEL UNKNOWN"}
+#: The header's words for each kind of problem (api.SPEC_REASONS, the reasons of SpecValid and Ready).
+HEADLINES = {api.REASON_INVALID_SPEC: "INVALID SPEC", api.REASON_DOES_NOT_FIT: "DOES NOT FIT",
+             api.REASON_MODEL_UNKNOWN: "MODEL UNKNOWN", api.REASON_GPU_UNKNOWN: "GPU UNKNOWN"}
 
 
 def headline(plan: Plan) -> str:

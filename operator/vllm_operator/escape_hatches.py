@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 from . import api, builders, podsecurity, strategic_merge, validation
 from .planner import Plan
-from .validation import Problem
+from .validation import Problem, above_limit_problems
 
 PATCH_FIELD = "spec.podTemplatePatch"
 #: Pod fields the spec sets through fields of its own (or the operator derives): the patch may not change them.
@@ -87,6 +87,7 @@ def spec_problems(spec: api.VLLMServerSpec) -> list[Problem]:
                                                     "are unique over initContainers and sidecars)"))
             seen.add(c.name)
             out += _mount_problems(f"{where}.volumeMounts", c.volume_mounts, volumes, vllm=False)
+            out += above_limit_problems(f"{where}.resources", c.resources)
             # The CRD's rule on every EnvVar (api.EnvVar), for `plan`: engine.env's is validation.env_problems.
             out += [Problem(f"{where}.env[{j}].name", "this variable is set by the operator (HOME, HF_HOME, HF_TOKEN: "
                             "use spec.cache and spec.hfTokenSecretRef) or by the NVIDIA device plugin and container "

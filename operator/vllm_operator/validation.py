@@ -192,22 +192,14 @@ def device_env_prefix(prefix: str) -> bool:
 DEVICE_RESOURCE_PREFIX = "nvidia.com/"
 
 
-#: What kind of problem a Problem is (the words a reader sees first: `plan`'s header, a condition's reason).
-INVALID_SPEC = "InvalidSpec"
-#: The model and its KV cache do not fit the GPUs' memory.
-DOES_NOT_FIT = "DoesNotFit"
-#: The model's architecture is not known well enough to plan for it (not in the catalog, no config.json).
-MODEL_UNKNOWN = "ModelUnknown"
-
-
 @dataclass(frozen=True)
 class Problem:
     """Something that stops the server from being deployed, with the field to change."""
 
     field: str
     message: str
-    #: INVALID_SPEC, DOES_NOT_FIT or MODEL_UNKNOWN
-    kind: str = INVALID_SPEC
+    reason: str = api.REASON_INVALID_SPEC
+    """The kind of problem (api.SPEC_REASONS): SpecValid's and Ready's reason when it is the first."""
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
@@ -619,14 +611,18 @@ def toleration_problems(spec: VLLMServerSpec) -> list[Problem]:
     return out
 
 
+def above_limit_problems(where: str, resources: api.ResourceOverrides) -> list[Problem]:
+    """Requests above their limits in one container's resources (`where`: the field path of the resources)."""
+    requests, limits = resources.requests, resources.limits
+    return [Problem(f"{where}.requests.{key}", f"{requests[key]} is above the limit {limits[key]}; Kubernetes refuses "
+                    "a request above its limit")
+            for key in sorted(set(requests) & set(limits)) if parse_quantity(requests[key]) > parse_quantity(limits[key])]
+
+
 def request_limit_problems(spec: VLLMServerSpec) -> list[Problem]:
     """spec.resources requests against limits, as Kubernetes checks them."""
-    out = []
+    out = above_limit_problems("spec.resources", spec.resources)
     requests, limits = spec.resources.requests, spec.resources.limits
-    for key in set(requests) & set(limits):
-        if parse_quantity(requests[key]) > parse_quantity(limits[key]):
-            out.append(Problem(f"spec.resources.requests.{key}", f"{requests[key]} is above the limit {limits[key]}; "
-                               "Kubernetes refuses a request above its limit"))
     for key, request in requests.items():
         if overcommittable(key):
             continue

@@ -79,8 +79,8 @@ REFUSED = [
     ("shm size as a list", {"shmSize": ["1Gi"]}, "spec.shmSize", "must be of type"),
     ("cpu request as an object", {"resources": {"requests": {"cpu": {"n": 8}}}}, "spec.resources.requests.cpu",
      "unknown field"),
-    ("request above its limit", {"resources": {"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}},
-     "spec.resources.requests", "above its limit"),
+    # (a request above its limit is the operator's to refuse, SpecValid=False: a CEL rule comparing int-or-string
+    # quantities does not fit Kubernetes 1.30's cost budget; tests/unit/test_escape_hatches.py)
     ("GPUs in resources", {"resources": {"limits": {"nvidia.com/gpu": "2"}}}, "spec.resources.limits",
      "spec.gpu (count, migProfile, resourceName)"),
     ("autoscaling a DaemonSet", {"workload": "DaemonSet", "autoscaling": {"enabled": True, "maxReplicas": 3}},

@@ -293,6 +293,19 @@ class EngineSpec(_Model):
 
 
 # --------------------------------------------------------------------------- storage / secrets
+class ClaimRetentionPolicy(_Model):
+    """What happens to the per-replica cache claims (cache.size without shared): the StatefulSet's
+    persistentVolumeClaimRetentionPolicy. The default deletes them with the server and keeps them when it scales
+    down, so a replica that comes back finds its model already downloaded."""
+
+    when_deleted: Literal["Retain", "Delete"] = Field("Delete", alias="whenDeleted")
+    """Delete (the default): deleting the server deletes its cache claims (and so, with a Delete reclaim policy,
+    their volumes). Retain: they stay, with the downloaded model, until deleted by hand (docs/storage.md)."""
+    when_scaled: Literal["Retain", "Delete"] = Field("Retain", alias="whenScaled")
+    """Retain (the default): a replica removed by a scale-down keeps its claim for when it comes back. Delete: its
+    claim is deleted with it."""
+
+
 class CacheSpec(_Model):
     """The Hugging Face cache volume (HF_HOME): a new claim per replica (size), one new claim every replica shares
     (size and shared: ReadWriteMany, the model downloaded once), or an existing claim (claimName)."""
@@ -319,6 +332,11 @@ class CacheSpec(_Model):
     """Storage class of the new claim; the cluster default when omitted."""
     claim_name: Optional[DNSSubdomain] = Field(None, alias="claimName")
     """An existing PersistentVolumeClaim to mount instead (ReadWriteMany or ReadOnlyMany for several replicas)."""
+    persistent_volume_claim_retention_policy: ClaimRetentionPolicy = Field(
+        default_factory=ClaimRetentionPolicy, alias="persistentVolumeClaimRetentionPolicy")
+    """What happens to the per-replica claims (size, not shared) when the server is deleted or scaled down; the
+    default is whenDeleted: Delete, whenScaled: Retain. The shared claim is always deleted with the server, and a
+    claimName is never touched."""
 
 
 # --------------------------------------------------------------------------- autoscaling

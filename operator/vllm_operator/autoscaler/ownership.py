@@ -64,7 +64,7 @@ def clear_status(kube: Kube, body: dict[str, Any]) -> None:
 
     A JSON patch with a `test` before each removal, so it removes exactly what was read (a
     concurrent change fails it, 422, and the next pass retries). An empty server-side apply
-    would be the natural way, but kube-apiserver 1.20 leaves ``autoscaling: null`` behind,
+    would be the natural way, but the API server can leave ``autoscaling: null`` behind,
     which the schema then refuses.
     """
     status = body.get("status") or {}

@@ -294,6 +294,7 @@ class Reconciler:
                                         configs=self.configs, urls=self.urls, **kwargs)
         run.errors = [str(p) for p in run.plan.problems]
         if run.errors:
+            run.reason = run.plan.problems[0].reason
             return
         desired = builders.build_all(run.plan, run.body)
         replan.mark_requested(run.body, desired)
@@ -317,9 +318,18 @@ class Reconciler:
         live = self._live_children(run.namespace, run.name, run.uid)
         workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
         progress = workload_progress(workload)
-        run.conditions.set("Degraded", "True", run.reason,
-                           "the spec cannot be deployed; the last valid version keeps running: " + message)
+        serving = ("the last valid version keeps running" if workload is not None
+                   else "nothing has been deployed")  # a new object never had a valid version
+        run.conditions.set("Degraded", "True", run.reason, f"the spec cannot be deployed; {serving}: {message}")
         self._ready_conditions(run, progress, workload, stalled=True)
+        # Ready's reason is the cause (the Reason column of kubectl get): its status still counts the replicas of
+        # the last valid version, if any.
+        ready = run.conditions.get("Ready")
+        if workload is None:
+            run.conditions.set("Ready", "False", run.reason, "the spec cannot be deployed: " + message)
+        elif ready is not None:
+            run.conditions.set("Ready", ready.status, run.reason, f"{ready.message}; the last valid version "
+                               f"keeps running, this spec cannot be deployed: {message}")
         # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
         # waiting out its timeout on Ready=False; present while the spec is invalid or Degraded is True.
         run.conditions.set("Stalled", "True", run.reason, message)
@@ -627,7 +637,7 @@ class Reconciler:
             return
         if workload is None:
             conditions.set("Ready", "False", "NoWorkload", "no workload has been created")
-            conditions.set("Progressing", "False" if stalled else "True", "InvalidSpec" if stalled else "Creating",
+            conditions.set("Progressing", "False" if stalled else "True", run.reason if stalled else "Creating",
                            "waiting for a valid spec" if stalled else "creating the workload")
             return
         if desired == 0 and workload["kind"] == "DaemonSet":

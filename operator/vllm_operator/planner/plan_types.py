@@ -10,7 +10,7 @@ from .. import api
 from ..api import VLLMServerSpec
 from ..catalog import Architecture, ResolvedModel
 from ..catalog.gpus import GPUSelection
-from ..validation import INVALID_SPEC, FlagCheck, Problem
+from ..validation import FlagCheck, Problem
 from .assumptions import ProfileTerms
 from .memory import KVLayout
 
@@ -99,12 +99,13 @@ class Plan:
     def max_concurrency(self) -> float:
         return self.kv_cache_tokens / self.max_model_len if self.max_model_len else 0.0
 
-    def problem(self, field_path: str, message: str, kind: str = INVALID_SPEC) -> None:
-        self.problems.append(Problem(field_path, message, kind))
+    def problem(self, field_path: str, message: str, reason: str = api.REASON_INVALID_SPEC) -> None:
+        self.problems.append(Problem(field_path, message, reason))
 
     def problem_kinds(self) -> list[str]:
-        """The kinds of the plan's problems (validation.INVALID_SPEC, ...), each once, the first found first."""
-        return list(dict.fromkeys(problem.kind for problem in self.problems))
+        """The kinds of the plan's problems (api.SPEC_REASONS: InvalidSpec, DoesNotFit, ...), each once, the first
+        found first."""
+        return list(dict.fromkeys(problem.reason for problem in self.problems))
 
     def estimates(self) -> dict[str, Any]:
         """The estimates in the API's camelCase shape (status.plan.estimates, plan -o json)."""

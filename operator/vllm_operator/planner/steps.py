@@ -12,8 +12,8 @@ from ..api import AUTOSCALING_TOLERANCE, VLLMServerSpec, parse_quantity
 from ..catalog import Architecture, ResolvedModel
 from ..catalog.gpus import GPUSelection, select_gpu
 from ..urlpolicy import URLPolicy
-from ..validation import (DOES_NOT_FIT, INVALID_SPEC, MODEL_UNKNOWN, OWNED_FLAGS, UNSAFE_FLAGS, Problem, check_spec,
-                          flag_check, hardware_problems, image_vllm_version, quantization_problems)
+from ..validation import (OWNED_FLAGS, UNSAFE_FLAGS, Problem, check_spec, flag_check, hardware_problems,
+                          image_vllm_version, quantization_problems)
 from .assumptions import GiB, assumption, profile_terms
 from .memory import (
     _round_down, activation_bytes, dtype_bytes, gib, is_pooling, kv_bytes_per_token, kv_layout, loads_as_stored,
@@ -92,14 +92,13 @@ def check_inputs(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[
         unsafe_overrides(p)
     p.tensor_parallel_size = spec.gpu.count
     p.gpu = gpu if gpu is not None else select_gpu(spec.gpu)
-    p.problems.extend(Problem(where, message) for where, message in p.gpu.problems)
+    p.problems.extend(Problem(where, message, reason) for where, message, reason in p.gpu.problems)
     p.notes.extend(p.gpu.notes)
     p.problems.extend(hardware_problems(spec, p.gpu, p.flags.snapshot if p.flags else None,
                                         mla=bool(p.model is not None and p.model.architecture.kv_lora_rank)))
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, p.gpu)
     if p.model is None:
-        p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}",
-                  MODEL_UNKNOWN if model_error_field == "spec.model.architecture" else INVALID_SPEC)
+        p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}", api.REASON_MODEL_UNKNOWN)
     if p.gpu_memory is not None and p.gpu_memory < GiB:
         p.problem("spec.gpu.memory", f"{spec.gpu.memory} is less than 1Gi: not a GPU vLLM can serve from")
         p.gpu_memory = None
@@ -143,14 +142,16 @@ def plan_memory_budget(p: Plan, s: Sizing) -> bool:
             p.problem("spec.engine.gpuMemoryUtilization", f"{util} asks for {gib(util * total)} of a {gib(total)} GPU, "
                       f"but reservedMemory ({gib(reserved)}), vLLM's CUDA context ({gib(assumption('cuda_context'))}) and a "
                       f"{gib(assumption('safety_margin'))} margin leave {gib(ceiling * total)}: vLLM would refuse to start "
-                      f"(free memory below the budget). Use at most {math.floor(ceiling * 100) / 100:.2f}")
+                      f"(free memory below the budget). Use at most {math.floor(ceiling * 100) / 100:.2f}",
+                      api.REASON_DOES_NOT_FIT)
         why = "pinned by engine.gpuMemoryUtilization"
     else:
         util = min(assumption("default_utilization"), math.floor(ceiling * 100) / 100)
         why = (f"vLLM's default {assumption('default_utilization')}" if util == assumption("default_utilization") else
                f"leaves {gib(reserved)} reserved + {gib(outside)} for vLLM's CUDA context and a margin free")
     if util <= 0:
-        p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM")
+        p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM",
+                  api.REASON_DOES_NOT_FIT)
         return False
     p.gpu_memory_utilization = util
     p.decisions.append(FlagDecision("--gpu-memory-utilization", repr(float(util)), f"{why}: budget {gib(util * total)} of "
@@ -256,7 +257,7 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
         p.problem("spec.gpu", f"the model does not fit: weights {gib(weights)} + activations {gib(activation)} + "
                   f"overheads {gib(non_torch + graphs)}{slots} per GPU exceed the {gib(budget)} budget of a "
                   f"{gib(total)} GPU; what would fit: {'; '.join(_fit_suggestions(p, s, activation, longest, limits))}",
-                  DOES_NOT_FIT)
+                  api.REASON_DOES_NOT_FIT)
         return False
     block = int(assumption("block_size"))
     layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms, is_pooling(arch))
@@ -337,7 +338,7 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
             p.problem("spec.engine.maxModelLen", f"{length} tokens do not fit the KV cache ({p.kv_cache_tokens} "
                       f"tokens, {gib(kv)} per GPU) with a {int(100 - assumption('context_headroom') * 100)}% margin; the largest "
                       f"length that fits is {fit_limit}. Lower maxModelLen, add GPUs, or use kvCacheDtype: fp8",
-                      DOES_NOT_FIT)
+                      api.REASON_DOES_NOT_FIT)
         len_why = "pinned by engine.maxModelLen"
     else:
         requested = prof.max_context_tokens or model_limit
@@ -368,7 +369,7 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
                           "p95 figures")
             else:
                 p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
-                          f"({typical} tokens); add GPUs or use a quantized model", DOES_NOT_FIT)
+                          f"({typical} tokens); add GPUs or use a quantized model", api.REASON_DOES_NOT_FIT)
     p.max_model_len = length
     if length > 0 and not arch.encoder_only and s.layout is not None:
         p.kv_cache_tokens = s.layout.tokens(kv, length, s.in_flight)
