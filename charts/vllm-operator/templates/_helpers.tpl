@@ -70,6 +70,11 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# LeaderWorkerSets of servers across nodes (spec.nodes > 1), managed like the children above; the
+# autoscaler patches their replicas. Not watched where LWS is not installed.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods, read only: readiness and crash-loop reasons for status, and which ready pods the
 # autoscaler scrapes.
 - apiGroups: [""]

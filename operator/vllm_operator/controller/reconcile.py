@@ -39,6 +39,9 @@ OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "
 OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
                   "PlanOutdated", EXTRA_ARGS_UNCHECKED)
 KEDA_API_VERSION = "keda.sh/v1alpha1"
+#: The kinds that run the pods: a server's one workload.
+WORKLOAD_KINDS = ("StatefulSet", "DaemonSet", builders.LWS_KIND)
+LWS_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
 #: How long a namespace's labels (its Pod Security level) are trusted: a no-op resync reads none.
@@ -118,7 +121,8 @@ class Refusal:
 
 
 def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """Desired/ready/updated counts of the StatefulSet or DaemonSet and whether it has settled."""
+    """Desired/ready/updated counts of the StatefulSet, DaemonSet or LeaderWorkerSet (groups) and whether it has
+    settled."""
     if workload is None:
         return {"desired": 0, "ready": 0, "updated": 0, "settled": False}
     st = workload.get("status") or {}
@@ -129,12 +133,32 @@ def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
         updated = st.get("updatedReplicas", 0)
         revision_ok = st.get("currentRevision") == st.get("updateRevision") or updated >= desired
         settled = gen_ok and ready >= desired and updated >= desired and revision_ok and st.get("replicas", 0) == desired
+    elif workload["kind"] == builders.LWS_KIND:  # counted in groups: a group is ready when all its pods are
+        desired = workload["spec"].get("replicas", 1)
+        ready = st.get("readyReplicas", 0)
+        updated = st.get("updatedReplicas", 0)
+        settled = gen_ok and ready >= desired and updated >= desired and st.get("replicas", 0) == desired
     else:
         desired = st.get("desiredNumberScheduled", 0)
         ready = st.get("numberReady", 0)
         updated = st.get("updatedNumberScheduled", 0)
         settled = gen_ok and ready >= desired and updated >= desired
     return {"desired": desired, "ready": ready, "updated": updated, "settled": settled}
+
+
+def pod_templates(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod templates of a workload: a LeaderWorkerSet's leader and worker, another kind's one."""
+    if workload["kind"] == builders.LWS_KIND:
+        group = workload["spec"]["leaderWorkerTemplate"]
+        return [t for t in (group.get("leaderTemplate"), group.get("workerTemplate")) if t]
+    return [workload["spec"]["template"]]
+
+
+def lws_missing_message(spec: api.VLLMServerSpec) -> str:
+    return (f"spec.nodes {spec.nodes} runs each replica as a group of {spec.nodes} pods on a LeaderWorkerSet, but "
+            f"this cluster does not serve {builders.LWS_API_VERSION} LeaderWorkerSets: install LeaderWorkerSet "
+            "(sigs.k8s.io/lws, v0.8.0 or later: kubectl apply --server-side -f https://github.com/kubernetes-sigs/"
+            "lws/releases/download/v0.8.0/manifests.yaml), or set nodes: 1. Nothing is applied until then")
 
 
 # --------------------------------------------------------------------------- reconciler
@@ -221,6 +245,7 @@ class Reconciler:
     #: reported.
     kv_capacity: Optional[vllm_metrics.Observations] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
+    _lws: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
     #: (namespace, server) -> the apply the API server last refused, held back until its slow retry is due.
     _refused: dict[tuple[str, str], Refusal] = field(default_factory=dict, repr=False)
@@ -233,7 +258,8 @@ class Reconciler:
     def managed_kinds(self) -> list[tuple[str, str]]:
         return [("v1", "Service"), ("v1", "PersistentVolumeClaim"), ("apps/v1", "StatefulSet"),
                 ("apps/v1", "DaemonSet"), ("policy/v1", "PodDisruptionBudget"),
-                ("autoscaling/v2", "HorizontalPodAutoscaler"), (KEDA_API_VERSION, "ScaledObject")]
+                ("autoscaling/v2", "HorizontalPodAutoscaler"), (KEDA_API_VERSION, "ScaledObject"),
+                (builders.LWS_API_VERSION, builders.LWS_KIND)]
 
     def serves_keda(self) -> bool:
         """Whether the cluster serves KEDA's ScaledObject (discovery, cached briefly: KEDA may be installed later)."""
@@ -241,6 +267,14 @@ class Reconciler:
         if self._keda is None or now - self._keda[1] > DISCOVERY_TTL_SECONDS:
             self._keda = (self.kube.serves(KEDA_API_VERSION), now)
         return self._keda[0]
+
+    def serves_lws(self) -> bool:
+        """Whether the cluster serves the LeaderWorkerSet API (discovery, cached briefly: it may be installed
+        later)."""
+        now = time.monotonic()
+        if self._lws is None or now - self._lws[1] > DISCOVERY_TTL_SECONDS:
+            self._lws = (self.kube.serves(builders.LWS_API_VERSION), now)
+        return self._lws[0]
 
     # ---- entry point
     def reconcile(self, namespace: str, name: str) -> Optional[Result]:
@@ -284,6 +318,9 @@ class Reconciler:
         run.errors = [str(p) for p in run.plan.problems]
         if run.errors:
             return
+        if builders.is_group(spec) and not self.serves_lws():
+            run.errors, run.reason = [lws_missing_message(spec)], LWS_NOT_INSTALLED
+            return
         desired = builders.build_all(run.plan, run.body)
         replan.mark_requested(run.body, desired)
         run.desired = [with_hash(o) for o in desired]
@@ -304,7 +341,7 @@ class Reconciler:
         if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
             run.result.events.append(("Warning", run.reason, message))
         live = self._live_children(run.namespace, run.name, run.uid)
-        workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+        workload = next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
         progress = workload_progress(workload)
         run.conditions.set("Degraded", "True", run.reason,
                            "the spec cannot be deployed; the last valid version keeps running: " + message)
@@ -330,7 +367,7 @@ class Reconciler:
         taken = self._names_taken(run.desired, live, run.uid)
         if taken:  # never adopted: apply nothing (and prune nothing); what was deployed keeps running
             blocked: Optional[tuple[str, str]] = (NAME_CONFLICT, name_conflict_message(taken, run.name))
-            workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+            workload = next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
         else:
             workload, blocked = self._apply_children(run, live)
         if blocked is None:
@@ -457,7 +494,7 @@ class Reconciler:
                     return workload or self._live_workload(live, current), (apierrors.API_REJECTED, held.message)
                 # The autoscaler owns the replicas of an autoscaled StatefulSet: make it a co-owner
                 # before this apply stops sending them, or the server would drop them (back to 1).
-                autoscaled = obj["kind"] == "StatefulSet" and not builders.owns_replicas(spec)
+                autoscaled = obj["kind"] in ("StatefulSet", builders.LWS_KIND) and not builders.owns_replicas(spec)
                 if autoscaled and current is not None:
                     self._adopt_replicas(current, spec)
                 try:
@@ -482,7 +519,7 @@ class Reconciler:
                 if autoscaled and current is None:
                     self._adopt_replicas(applied, spec)
                 result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
-            if obj["kind"] in ("StatefulSet", "DaemonSet"):
+            if obj["kind"] in WORKLOAD_KINDS:
                 workload = applied
         return workload, None
 
@@ -490,9 +527,9 @@ class Reconciler:
     def _live_workload(live: dict[tuple[str, str], dict[str, Any]],
                        current: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
         """The workload still running when an apply stopped short: the one being applied, or another kind's."""
-        if current is not None and current["kind"] in ("StatefulSet", "DaemonSet"):
+        if current is not None and current["kind"] in WORKLOAD_KINDS:
             return current
-        return next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+        return next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
 
     def _prune(self, namespace: str, unwanted: dict[tuple[str, str], dict[str, Any]], result: Result) -> None:
         """Delete children this server controls but no longer wants (`unwanted` holds only objects with its
@@ -510,10 +547,11 @@ class Reconciler:
         if level is None:
             return None
         for obj in desired:
-            if obj["kind"] in ("StatefulSet", "DaemonSet"):
-                found = podsecurity.violations(obj["spec"]["template"]["spec"], level)
-                if found:
-                    return podsecurity.message(namespace, level, found)
+            if obj["kind"] in WORKLOAD_KINDS:
+                for template in pod_templates(obj):
+                    found = podsecurity.violations(template["spec"], level)
+                    if found:
+                        return podsecurity.message(namespace, level, found)
         return None
 
     def namespace_labels(self, namespace: str) -> Optional[dict[str, str]]:
