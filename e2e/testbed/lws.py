@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .controlplane import _child_setup, _free_ports, cache_dir, wait_for
+from .convergence import wait_established
 
 VERSION = "0.8.0"
 CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
@@ -115,7 +116,7 @@ class LWSController:
             "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
         }))
         self.cp.kubectl("apply", "--server-side", "-f", str(crd_file()), timeout=120)
-        self.cp.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=120s", timeout=130)
+        wait_established(self.cp, CRD_NAME, timeout=120)
         env = {**os.environ, "KUBECONFIG": str(self.cp.kubeconfig)}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([str(binary()), f"--config={config}", "--zap-log-level=info"],
