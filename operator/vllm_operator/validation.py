@@ -53,11 +53,11 @@ OWNED_FLAGS: dict[str, str] = {
     "-pp": "spec.nodes (pipeline stages across the nodes of a group)",
     "--nnodes": "spec.nodes",
     "-n": "spec.nodes",
-    "--node-rank": "the group (each pod's LeaderWorkerSet index)",
-    "-r": "the group (each pod's LeaderWorkerSet index)",
-    "--master-addr": "the group (the LeaderWorkerSet leader's address)",
-    "--master-port": "the group (the coordination port)",
-    "--headless": "the group (its workers run headless)",
+    "--node-rank": "spec.nodes (each pod's index in its LeaderWorkerSet group)",
+    "-r": "spec.nodes (each pod's index in its LeaderWorkerSet group)",
+    "--master-addr": "spec.nodes (the address of the group's leader)",
+    "--master-port": "spec.nodes (the group's coordination port)",
+    "--headless": "spec.nodes (a group's workers run headless)",
 }
 
 #: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
