@@ -174,3 +174,47 @@ def test_a_failing_worker_is_named_and_a_foreign_leaderworkerset_is_never_adopte
     assert cond(server, "Ready")["reason"] == "NameConflict"
     live = kube.get(LWS, "LeaderWorkerSet", namespace, "theirs")
     assert not live["metadata"].get("ownerReferences"), "never adopted"
+
+
+class LeaderQueues:
+    """Answers what the test says each pod's queue is; records which pods were read (a group's leaders only)."""
+
+    def __init__(self, waiting: dict[str, float]):
+        self.waiting = waiting
+        self.asked: list[list[str]] = []
+
+    def read(self, pod_refs):
+        from vllm_operator.sources.vllm_metrics import Sample
+
+        self.asked.append([p.name for p in pod_refs])
+        return [Sample(p.name, waiting=self.waiting.get(p.name, 0.0), running=1.0, kv_cache_usage=0.25)
+                for p in pod_refs]
+
+
+def test_the_operators_autoscaler_scales_groups_on_the_leaders_queues(
+        control_plane, kube, k8s, crd_installed, lws_controller, namespace):
+    from vllm_operator.autoscaler import actuator, ownership
+
+    name = "scaled"
+    autoscaling = {"enabled": True, "minReplicas": 1, "maxReplicas": 3, "targetWaitingPerReplica": 2,
+                   "intervalSeconds": 1}
+    apply(control_plane, server_doc(name, namespace, autoscaling=autoscaling))
+    reconciler = Reconciler(kube)
+    reconciler.reconcile(namespace, name)
+    lws = kube.get(LWS, "LeaderWorkerSet", namespace, name)
+    assert lws["spec"]["replicas"] == 1 and ownership.replicas_owners(lws) == {ownership.FIELD_MANAGER}
+    with FakeKubelet(k8s, namespace=namespace, node_name=f"n-{namespace}"[:60], gpu_product="NVIDIA-L40S",
+                     gpus=16):  # room for 3 groups of 2 pods x 2 GPUs
+        ready_groups(reconciler, kube, namespace, name, 1, "one ready group")
+        # The scale subresource an HPA or KEDA drives selects the leaders: the queue is read where requests wait.
+        scale = kube.request("GET", f"/apis/{LWS}/namespaces/{namespace}/leaderworkersets/{name}/scale")
+        assert "leaderworkerset.sigs.k8s.io/worker-index=0" in scale["status"]["selector"]
+        source = LeaderQueues({f"{name}-0": 5.0})  # 5 waiting, 2 per group: 3 groups
+        scaler = actuator.Autoscaler(kube, actuator.Sources(pods=source), namespace, name)
+        result = scaler.tick(get_server(kube, namespace, name))
+        assert source.asked == [[f"{name}-0"]], "the worker serves no queue and is not read"
+        assert result.scaled and result.decision.desired == 3
+        assert kube.get(LWS, "LeaderWorkerSet", namespace, name)["spec"]["replicas"] == 3
+        reconciler.reconcile(namespace, name)  # the reconciler leaves the autoscaler's count alone
+        assert kube.get(LWS, "LeaderWorkerSet", namespace, name)["spec"]["replicas"] == 3
+        ready_groups(reconciler, kube, namespace, name, 3, "three ready groups")
