@@ -119,7 +119,7 @@ def test_the_real_controller_makes_a_group_that_is_repaired_scaled_and_collected
         assert leader["metadata"]["labels"][builders.ROLE_LABEL] == "leader"
         service = kube.get("v1", "Service", namespace, name)
         assert service["spec"]["selector"][builders.ROLE_LABEL] == "leader"
-        assert cond(server, "Ready")["status"] == "True"
+        assert cond(server, "Ready")["status"] == "True" and cond(server, "Ready")["message"] == "1/1 groups ready"
         assert server["status"]["plan"]["estimates"]["nodes"] == 2
 
         # Drift: the LeaderWorkerSet deleted behind the operator's back comes back with its group.

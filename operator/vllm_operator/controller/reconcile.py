@@ -628,6 +628,7 @@ class Reconciler:
             conditions.set("Progressing", "False" if stalled else "True", "InvalidSpec" if stalled else "Creating",
                            "waiting for a valid spec" if stalled else "creating the workload")
             return
+        unit = "groups" if workload["kind"] == builders.LWS_KIND else "replicas"  # a group is a replica of nodes
         if desired == 0 and workload["kind"] == "DaemonSet":
             # A DaemonSet's count is the nodes it matches: zero is not a choice but a cluster that has
             # no such node (a GPU product label that no node carries, a taint not tolerated).
@@ -642,13 +643,13 @@ class Reconciler:
         elif desired == 0:
             ready_c = ("True", "ScaledToZero", "no replicas requested")
         elif ready >= desired:
-            ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
+            ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} {unit} ready")
         elif ready > 0:
-            ready_c = ("False", "PartiallyReady", f"{ready}/{desired} replicas ready")
+            ready_c = ("False", "PartiallyReady", f"{ready}/{desired} {unit} ready")
         elif trouble is not None:  # named: what keeps every replica from serving
-            ready_c = ("False", trouble.reason, f"0/{desired} replicas ready: {trouble.message}")
+            ready_c = ("False", trouble.reason, f"0/{desired} {unit} ready: {trouble.message}")
         else:
-            ready_c = ("False", "NoReplicasReady", f"0/{desired} replicas ready (models load for minutes)")
+            ready_c = ("False", "NoReplicasReady", f"0/{desired} {unit} ready (models load for minutes)")
         conditions.set("Ready", *ready_c)
         if progress["settled"]:
             prog = ("False", "Stable", f"{workload['kind']} is up to date")
