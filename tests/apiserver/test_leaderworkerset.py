@@ -121,6 +121,7 @@ def test_the_real_controller_makes_a_group_that_is_repaired_scaled_and_collected
         assert service["spec"]["selector"][builders.ROLE_LABEL] == "leader"
         assert cond(server, "Ready")["status"] == "True" and cond(server, "Ready")["message"] == "1/1 groups ready"
         assert server["status"]["plan"]["estimates"]["nodes"] == 2
+        assert reconciler.reconcile(namespace, name).applied == [], "what LWS defaults is no drift: nothing re-sent"
 
         # Drift: the LeaderWorkerSet deleted behind the operator's back comes back with its group.
         kube.delete(LWS, "LeaderWorkerSet", namespace, name)

@@ -5,6 +5,7 @@ reasons, and the LeaderWorkerSet and the objects around it (docs/multi-node.md).
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import pytest
@@ -57,6 +58,7 @@ def test_405b_in_bf16_on_two_nodes_of_8_h100():
     assert two.estimates()["nodes"] == 2 and two.estimates()["pipelineParallelSize"] == 2
     # A pod loads its stage's share: host memory and the startup probe follow it, not the whole model.
     assert two.stage_weight_bytes < 0.51 * two.weight_bytes_total
+    assert two.host_memory_bytes == math.ceil((two.stage_weight_bytes / 2 + 4 * GiB) / GiB) * GiB
 
 
 def test_70b_in_bf16_on_two_nodes_of_2_l40s():
@@ -155,6 +157,14 @@ def test_a_group_is_a_leaderworkerset_with_a_leader_and_headless_workers():
     # Both roles drain alike: the same grace period.
     assert (group["leaderTemplate"]["spec"]["terminationGracePeriodSeconds"]
             == group["workerTemplate"]["spec"]["terminationGracePeriodSeconds"])
+
+
+def test_engine_env_reaches_every_pod_of_the_group():
+    _, kinds = built(engine={"env": [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]})
+    group = kinds["LeaderWorkerSet"][0]["spec"]["leaderWorkerTemplate"]
+    for role in ("leaderTemplate", "workerTemplate"):
+        [container] = group[role]["spec"]["containers"]
+        assert {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"} in container["env"], role
 
 
 def test_the_client_service_selects_the_leaders_and_lws_makes_the_headless_one():
