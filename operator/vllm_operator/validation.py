@@ -58,6 +58,12 @@ OWNED_FLAGS: dict[str, str] = {
     "--master-addr": "spec.nodes (the address of the group's leader)",
     "--master-port": "spec.nodes (the group's coordination port)",
     "--headless": "spec.nodes (a group's workers run headless)",
+    "--enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
+    "--no-enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
+    "--max-loras": "spec.engine.maxLoras (with spec.adapters)",
+    "--max-cpu-loras": "spec.adapters (every adapter stays in host memory)",
+    "--max-lora-rank": "spec.engine.maxLoraRank (with spec.adapters)",
+    "--lora-modules": "spec.adapters (loaded at runtime on every replica)",
 }
 
 #: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
