@@ -325,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("--verbose", action="store_true")
     _hub_arguments(run, operator=True)
+    run.add_argument("--hf-token-repo", action="append", default=[], metavar="PREFIX",
+                     help="an org (my-org) or repo id prefix (my-org/llama-) whose models the --hf-token-file token "
+                          "is sent for (repeatable); every other model is looked up anonymously, so the token tells "
+                          "tenants nothing of other private models (default: none); docs/security.md")
     run.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
     run.add_argument("--allowed-config-url", action="append", default=[], metavar="PREFIX",
                      help="a URL prefix spec.model.configURL may name, beside the public Hub and --hf-endpoint "

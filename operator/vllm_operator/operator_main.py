@@ -35,6 +35,7 @@ from .informers.reader import ReadFailed
 from . import peering
 from .autoscaler import actuator, ownership
 from .kube.client import ApiError, Kube
+from .controller.pod_admission import PodAdmission
 from .controller.reconcile import Reconciler
 from .urlpolicy import URLPolicy
 
@@ -116,8 +117,9 @@ def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = 
     check_server_version(kube)
     return Reconciler(kube, hf_endpoint=hub_endpoint(args),
                       hf_token=hub.token_reader(getattr(args, "hf_token_file", None)),
+                      hf_token_repos=tuple(getattr(args, "hf_token_repo", None) or ()),
                       prometheus_url=getattr(args, "prometheus_url", None), events_of=events.FailureEvents(kube).of,
-                      urls=url_policy(args),
+                      urls=url_policy(args), pod_admission=PodAdmission(),
                       replan_budget=replan.Budget(getattr(args, "replan_outdated_per_minute", 0.0) or 0.0))
 
 

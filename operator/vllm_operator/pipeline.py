@@ -86,6 +86,7 @@ def plan_server(
     urls: Optional[URLPolicy] = None,
     hf_token: Union[str, bool, None] = False,
     read_file: Callable[..., Any] = hub.file_json,
+    hf_token_repos: Optional[tuple[str, ...]] = None,
 ) -> planner.Plan:
     """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan.
 
@@ -93,13 +94,14 @@ def plan_server(
     `local_files`: a model directory or config.json path is read from this machine (the CLI; never the
     operator). `configs`: the operator's cache of fetched config.json facts. `urls`: the operator's URL
     settings: a configURL outside them is a problem, and is not fetched. `hf_endpoint`: the Hub a model outside the
-    catalog is looked up on (None: none, offline); `hf_token`: the token sent to it (hub.lookup's `token`).
+    catalog is looked up on (None: none, offline); `hf_token`: the token sent to it (hub.lookup's `token`), only for
+    the repos `hf_token_repos` names (hub.token_for; None: any, the CLI's own token).
     `read_file`: how a small JSON file of a Hub repo is read (the adapters' adapter_config.json; hub.file_json)."""
     model_error = None
     model_error_field = "spec.model.architecture"
     base = None
     resolving: dict[str, Any] = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_files": local_files,
-                                 "cache": configs, "hf_token": hf_token}
+                                 "cache": configs, "hf_token": hub.token_for(spec.model.name, hf_token, hf_token_repos)}
     refused = urls.config_problem(spec.model.config_url) if urls and spec.model.config_url else None
     try:
         if refused:
@@ -110,6 +112,7 @@ def plan_server(
         base = quantized_base_name(spec.model.name)
         if base is not None:
             try:
+                resolving["hf_token"] = hub.token_for(base, hf_token, hf_token_repos)
                 resolved = model_facts.resolve_model(spec.model.model_copy(update={"name": base}), **resolving)
             except ValueError:
                 pass

@@ -82,7 +82,7 @@ REFUSED = [
     ("request above its limit", {"resources": {"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}},
      "spec.resources.requests", "above its limit"),
     ("GPUs in resources", {"resources": {"limits": {"nvidia.com/gpu": "2"}}}, "spec.resources.limits",
-     "spec.gpu.count"),
+     "spec.gpu (count, migProfile, resourceName)"),
     ("autoscaling a DaemonSet", {"workload": "DaemonSet", "autoscaling": {"enabled": True, "maxReplicas": 3}},
      "spec.autoscaling.enabled", "needs workload: StatefulSet"),
     ("autoscaling without maxReplicas", {"autoscaling": {"enabled": True}}, "spec.autoscaling.maxReplicas",

@@ -167,7 +167,7 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
         ("autoscaling", "horizontalpodautoscalers"): CHILD_VERBS,
         ("keda.sh", "scaledobjects"): CHILD_VERBS,
         ("leaderworkerset.x-k8s.io", "leaderworkersets"): CHILD_VERBS,
-        ("", "pods"): {"get", "list", "watch"},
+        ("", "pods"): {"get", "list", "watch", "create"},
         ("", "events"): {"create", "list"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"get"},
@@ -175,6 +175,12 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
     (binding,) = by_kind(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vllm-operator", "namespace": "ops"}]
     assert "--disable-scanning" not in container(objects)["args"]
+
+
+def test_the_pod_security_dry_run_grant_can_be_left_out():
+    """rbac.podSecurityDryRun: false leaves pods read only (the reconciler then reads the namespace's label only)."""
+    (role,) = by_kind(render({"rbac": {"podSecurityDryRun": False}}), "ClusterRole")
+    assert rules(role)[("", "pods")] == {"get", "list", "watch"}
 
 
 def test_docs_rbac_table_is_the_charts_cluster_role():

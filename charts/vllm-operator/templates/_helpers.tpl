@@ -75,11 +75,14 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Pods, read only: readiness and crash-loop reasons for status, and which ready pods the
-# autoscaler scrapes.
+# Pods: readiness and crash-loop reasons for status, and which ready pods the autoscaler scrapes
+# (get, list, watch); create (rbac.podSecurityDryRun) only for a server-side dry run (dryRun=All) of a server's first pod, so that
+# the API server's own Pod Security admission judges the final template before anything is applied
+# (controller/pod_admission.py). The operator never stores a Pod; create on pods grants no more than
+# create on statefulsets above already does (the StatefulSet controller creates whatever template it gets).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch"{{ if .Values.rbac.podSecurityDryRun }}, "create"{{ end }}]
 # Events: the reconciler's, the autoscaler's and kopf's own warnings (create); while a server is short of
 # replicas, the Warning events of its workload and pods (list: FailedCreate, failed probes) name the cause.
 - apiGroups: [""]

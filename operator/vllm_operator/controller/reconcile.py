@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Union
 
 from .. import adapters as lora, api, builders, documents, pipeline, planner, podsecurity
 from . import adapters, failures, kvcapacity, replan
+from .pod_admission import PodAdmission
 from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
 from ..kube import apierrors, events
 from ..sources import model_facts, vllm_metrics
@@ -225,6 +226,9 @@ class Reconciler:
     hf_endpoint: Optional[str] = None
     #: The operator's own Hub token, read at each reconcile (hub.token_reader); False: none.
     hf_token: Callable[[], Union[str, bool]] = lambda: False
+    #: The orgs and repo prefixes the operator's Hub token is sent for (hub.token_for); others are looked up
+    #: anonymously. Empty: the token is sent for none.
+    hf_token_repos: tuple[str, ...] = ()
     prometheus_url: Optional[str] = None
     clock: Callable[[], str] = utcnow
     fetch_config: Optional[Callable[..., dict]] = None
@@ -247,6 +251,9 @@ class Reconciler:
     #: Loads and unloads spec.adapters on the ready pods (controller/adapters.py), for status.adapters; None: the
     #: adapters are planned but not loaded (tests that build a Reconciler).
     adapter_sync: Optional[adapters.AdapterSync] = None
+    #: The API server's Pod Security admission asked by a dry run of the first pod (pod_admission.py); None: the
+    #: offline reading of the namespace's label only (tests with an in-memory API).
+    pod_admission: Optional[PodAdmission] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _lws: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
@@ -315,6 +322,7 @@ class Reconciler:
         run.spec = spec
         run.plan = pipeline.plan_server(run.name, run.namespace, spec, hf_endpoint=self.hf_endpoint,
                                         hf_token=self.hf_token() if self.hf_endpoint else False,
+                                        hf_token_repos=self.hf_token_repos,
                                         default_prometheus_url=self.prometheus_url,
                                         allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
                                         configs=self.configs, urls=self.urls, **kwargs)
@@ -572,16 +580,21 @@ class Reconciler:
             result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
 
     def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
-        """Why the namespace's Pod Security level would refuse the workload's pods, if it would."""
+        """Why the namespace's Pod Security level would refuse the workload's pods, if it would: the offline reading
+        of the namespace's label first, then the API server's own admission by a dry run (pod_admission.py)."""
         level = podsecurity.enforced_level(self.namespace_labels(namespace))
-        if level is None:
-            return None
         for obj in desired:
             if obj["kind"] in WORKLOAD_KINDS:
-                for template in pod_templates(obj):
-                    found = podsecurity.violations(template["spec"], level)
+                for template in pod_templates(obj):  # a LeaderWorkerSet's leader and worker
+                    found = podsecurity.violations(template["spec"], level,
+                                                   template["metadata"].get("annotations"))
                     if found:
-                        return podsecurity.message(namespace, level, found)
+                        return podsecurity.message(namespace, level or "", found)
+                    if self.pod_admission is not None:
+                        one = {**obj, "spec": {**obj["spec"], "template": template}}
+                        why = self.pod_admission.refusal(self.kube, one)
+                        if why is not None:
+                            return why
         return None
 
     def namespace_labels(self, namespace: str) -> Optional[dict[str, str]]:
