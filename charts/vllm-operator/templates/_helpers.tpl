@@ -97,6 +97,11 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# LeaderWorkerSets of servers across nodes (spec.nodes > 1), managed like the children above; the
+# autoscaler patches their replicas. Not watched where LWS is not installed.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods: readiness and crash-loop reasons for status, and which ready pods the autoscaler scrapes
 # (get, list, watch); create (rbac.podSecurityDryRun) only for a server-side dry run (dryRun=All) of a server's first pod, so that
 # the API server's own Pod Security admission judges the final template before anything is applied

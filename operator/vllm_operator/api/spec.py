@@ -201,7 +201,8 @@ class GPUSpec(_Model):
     ))
 
     count: int = Field(1, ge=1, le=64)
-    """GPUs per server (nvidia.com/gpu); also the tensor-parallel size. 1 with migProfile."""
+    """GPUs per server (nvidia.com/gpu), per node with nodes > 1; also the tensor-parallel size (times nodes with
+    crossNodeParallelism: Tensor). 1 with migProfile."""
     product: Optional[str] = Field(None, min_length=1, max_length=128)
     """GPU product: a GPU feature discovery label (nvidia.com/gpu.product, e.g. NVIDIA-L4, with GFD's -SHARED
     or -MIG-<profile> suffix where the nodes have one), an alias (L4, A100-80GB; any case) or a family (H100:
@@ -392,6 +393,15 @@ class VLLMServerSpec(_Model):
             "a DaemonSet cannot create a claim per pod; set cache.shared (one ReadWriteMany claim for every node) "
             "or use cache.claimName (ReadWriteMany or ReadOnlyMany)",
             ".cache.size"),
+        cel("self.nodes == 1 || self.workload == 'StatefulSet'",
+            "a server across nodes is a LeaderWorkerSet of groups (workload: StatefulSet); a DaemonSet runs one "
+            "single-node server per matching node", ".nodes"),
+        cel("self.nodes == 1 || !has(self.gpu) || !has(self.gpu.migProfile)",
+            "vLLM cannot run across nodes on MIG slices: use whole GPUs (gpu.count) or nodes: 1", ".nodes"),
+        cel("self.nodes == 1 || !has(self.cache) || !has(self.cache.size) "
+            "|| (has(self.cache.shared) && self.cache.shared)",
+            "a group of nodes gets no claim per pod: set cache.shared (one ReadWriteMany claim every node mounts) "
+            "or cache.claimName", ".cache.size"),
     ))
 
     model: ModelSpec
@@ -408,7 +418,17 @@ class VLLMServerSpec(_Model):
     replicas: int = Field(1, ge=0, le=1000)
     """Replicas of a StatefulSet when autoscaling is off."""
     gpu: GPUSpec = Field(default_factory=GPUSpec)
-    """GPUs per server."""
+    """GPUs per server (per node of the server with nodes > 1)."""
+    nodes: int = Field(1, ge=1, le=64)
+    """Nodes one server spans, each with gpu.count GPUs (docs/multi-node.md). Above 1 the server is a group: a
+    LeaderWorkerSet (sigs.k8s.io/lws, installed in the cluster) whose leader serves the API and whose workers run
+    vLLM headless; replicas and autoscaling count groups. The model is split across the nodes as crossNodeParallelism
+    says."""
+    cross_node_parallelism: Literal["Pipeline", "Tensor"] = Field("Pipeline", alias="crossNodeParallelism")
+    """How a server with nodes > 1 splits the model across its nodes: Pipeline (default: the layers in one stage
+    per node, --pipeline-parallel-size nodes, tensor parallelism over gpu.count inside each node), or Tensor
+    (--tensor-parallel-size gpu.count x nodes: every layer sharded over every GPU of the group, which needs a fast
+    interconnect between the nodes, InfiniBand or RoCE; the plan warns)."""
     ipc: Literal["Host", "SharedMemory"] = "SharedMemory"
     """Shared memory for tensor parallelism: the host's IPC namespace, or an in-memory /dev/shm volume."""
     shm_size: Optional[ByteSize] = Field(None, alias="shmSize")

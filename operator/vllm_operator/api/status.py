@@ -62,6 +62,10 @@ class PlanEstimates(_Status):
 
     tensor_parallel_size: Optional[int] = Field(None, alias="tensorParallelSize")
     """GPUs one server shards the model over."""
+    pipeline_parallel_size: Optional[int] = Field(None, alias="pipelineParallelSize")
+    """Pipeline stages of a server across nodes (one per node)."""
+    nodes: Optional[int] = Field(None)
+    """Nodes one server (a group) spans, when more than one."""
     gpu_memory_bytes: Optional[int] = Field(None, alias="gpuMemoryBytes")
     """Memory of one GPU."""
     weight_bytes_per_gpu: Optional[int] = Field(None, alias="weightBytesPerGpu")

@@ -39,7 +39,8 @@ def replicas_owners(obj: dict[str, Any]) -> set[str]:
 
 def adopt_replicas(kube: Kube, sts: dict[str, Any], min_replicas: int, max_replicas: Optional[int],
                    reconciler_manager: str) -> Optional[int]:
-    """Make sure someone besides the reconciler owns the StatefulSet's replicas before the
+    """Make sure someone besides the reconciler owns the StatefulSet's (or a group's LeaderWorkerSet's) replicas
+    before the
     reconciler stops sending them: apply the live count (clamped to [min, max]) under the
     autoscaler's field manager. Returns the count applied, or None when nothing was needed
     (the autoscaler, an HPA or a person already owns the field)."""
@@ -48,7 +49,7 @@ def adopt_replicas(kube: Kube, sts: dict[str, Any], min_replicas: int, max_repli
     live = (sts.get("spec") or {}).get("replicas", 1)
     replicas = max(min_replicas, min(live, max(min_replicas, max_replicas or min_replicas)))
     meta = sts["metadata"]
-    kube.apply({"apiVersion": "apps/v1", "kind": "StatefulSet",
+    kube.apply({"apiVersion": sts.get("apiVersion", "apps/v1"), "kind": sts.get("kind", "StatefulSet"),
                 "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
                 "spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER)
     return replicas

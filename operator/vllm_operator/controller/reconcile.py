@@ -40,6 +40,9 @@ OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "
 OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
                   "PlanOutdated", EXTRA_ARGS_UNCHECKED, "AdaptersReady")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
+#: The kinds that run the pods: a server's one workload.
+WORKLOAD_KINDS = ("StatefulSet", "DaemonSet", builders.LWS_KIND)
+LWS_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
 #: How long a namespace's labels (its Pod Security level) are trusted: a no-op resync reads none.
@@ -119,7 +122,8 @@ class Refusal:
 
 
 def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """Desired/ready/updated counts of the StatefulSet or DaemonSet and whether it has settled."""
+    """Desired/ready/updated counts of the StatefulSet, DaemonSet or LeaderWorkerSet (groups) and whether it has
+    settled."""
     if workload is None:
         return {"desired": 0, "ready": 0, "updated": 0, "settled": False}
     st = workload.get("status") or {}
@@ -130,12 +134,32 @@ def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
         updated = st.get("updatedReplicas", 0)
         revision_ok = st.get("currentRevision") == st.get("updateRevision") or updated >= desired
         settled = gen_ok and ready >= desired and updated >= desired and revision_ok and st.get("replicas", 0) == desired
+    elif workload["kind"] == builders.LWS_KIND:  # counted in groups: a group is ready when all its pods are
+        desired = workload["spec"].get("replicas", 1)
+        ready = st.get("readyReplicas", 0)
+        updated = st.get("updatedReplicas", 0)
+        settled = gen_ok and ready >= desired and updated >= desired and st.get("replicas", 0) == desired
     else:
         desired = st.get("desiredNumberScheduled", 0)
         ready = st.get("numberReady", 0)
         updated = st.get("updatedNumberScheduled", 0)
         settled = gen_ok and ready >= desired and updated >= desired
     return {"desired": desired, "ready": ready, "updated": updated, "settled": settled}
+
+
+def pod_templates(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod templates of a workload: a LeaderWorkerSet's leader and worker, another kind's one."""
+    if workload["kind"] == builders.LWS_KIND:
+        group = workload["spec"]["leaderWorkerTemplate"]
+        return [t for t in (group.get("leaderTemplate"), group.get("workerTemplate")) if t]
+    return [workload["spec"]["template"]]
+
+
+def lws_missing_message(spec: api.VLLMServerSpec) -> str:
+    return (f"spec.nodes {spec.nodes} runs each replica as a group of {spec.nodes} pods on a LeaderWorkerSet, but "
+            f"this cluster does not serve {builders.LWS_API_VERSION} LeaderWorkerSets: install LeaderWorkerSet "
+            "(sigs.k8s.io/lws, v0.8.0 or later: kubectl apply --server-side -f https://github.com/kubernetes-sigs/"
+            "lws/releases/download/v0.8.0/manifests.yaml), or set nodes: 1. Nothing is applied until then")
 
 
 # --------------------------------------------------------------------------- reconciler
@@ -231,6 +255,7 @@ class Reconciler:
     #: offline reading of the namespace's label only (tests with an in-memory API).
     pod_admission: Optional[PodAdmission] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
+    _lws: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
     #: (namespace, server) -> the apply the API server last refused, held back until its slow retry is due.
     _refused: dict[tuple[str, str], Refusal] = field(default_factory=dict, repr=False)
@@ -243,7 +268,8 @@ class Reconciler:
     def managed_kinds(self) -> list[tuple[str, str]]:
         return [("v1", "Service"), ("v1", "PersistentVolumeClaim"), ("apps/v1", "StatefulSet"),
                 ("apps/v1", "DaemonSet"), ("policy/v1", "PodDisruptionBudget"),
-                ("autoscaling/v2", "HorizontalPodAutoscaler"), (KEDA_API_VERSION, "ScaledObject")]
+                ("autoscaling/v2", "HorizontalPodAutoscaler"), (KEDA_API_VERSION, "ScaledObject"),
+                (builders.LWS_API_VERSION, builders.LWS_KIND)]
 
     def serves_keda(self) -> bool:
         """Whether the cluster serves KEDA's ScaledObject (discovery, cached briefly: KEDA may be installed later)."""
@@ -251,6 +277,14 @@ class Reconciler:
         if self._keda is None or now - self._keda[1] > DISCOVERY_TTL_SECONDS:
             self._keda = (self.kube.serves(KEDA_API_VERSION), now)
         return self._keda[0]
+
+    def serves_lws(self) -> bool:
+        """Whether the cluster serves the LeaderWorkerSet API (discovery, cached briefly: it may be installed
+        later)."""
+        now = time.monotonic()
+        if self._lws is None or now - self._lws[1] > DISCOVERY_TTL_SECONDS:
+            self._lws = (self.kube.serves(builders.LWS_API_VERSION), now)
+        return self._lws[0]
 
     # ---- entry point
     def reconcile(self, namespace: str, name: str) -> Optional[Result]:
@@ -296,6 +330,9 @@ class Reconciler:
         if run.errors:
             run.reason = run.plan.problems[0].reason
             return
+        if builders.is_group(spec) and not self.serves_lws():
+            run.errors, run.reason = [lws_missing_message(spec)], LWS_NOT_INSTALLED
+            return
         desired = builders.build_all(run.plan, run.body)
         replan.mark_requested(run.body, desired)
         run.desired = [with_hash(o) for o in desired]
@@ -316,7 +353,7 @@ class Reconciler:
         if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
             run.result.events.append(("Warning", run.reason, message))
         live = self._live_children(run.namespace, run.name, run.uid)
-        workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+        workload = next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
         progress = workload_progress(workload)
         serving = ("the last valid version keeps running" if workload is not None
                    else "nothing has been deployed")  # a new object never had a valid version
@@ -352,7 +389,7 @@ class Reconciler:
         taken = self._names_taken(run.desired, live, run.uid)
         if taken:  # never adopted: apply nothing (and prune nothing); what was deployed keeps running
             blocked: Optional[tuple[str, str]] = (NAME_CONFLICT, name_conflict_message(taken, run.name))
-            workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+            workload = next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
         else:
             workload, blocked = self._apply_children(run, live)
         if blocked is None:
@@ -505,7 +542,7 @@ class Reconciler:
                     return workload or self._live_workload(live, current), (apierrors.API_REJECTED, held.message)
                 # The autoscaler owns the replicas of an autoscaled StatefulSet: make it a co-owner
                 # before this apply stops sending them, or the server would drop them (back to 1).
-                autoscaled = obj["kind"] == "StatefulSet" and not builders.owns_replicas(spec)
+                autoscaled = obj["kind"] in ("StatefulSet", builders.LWS_KIND) and not builders.owns_replicas(spec)
                 if autoscaled and current is not None:
                     self._adopt_replicas(current, spec)
                 try:
@@ -530,7 +567,7 @@ class Reconciler:
                 if autoscaled and current is None:
                     self._adopt_replicas(applied, spec)
                 result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
-            if obj["kind"] in ("StatefulSet", "DaemonSet"):
+            if obj["kind"] in WORKLOAD_KINDS:
                 workload = applied
         return workload, None
 
@@ -538,9 +575,9 @@ class Reconciler:
     def _live_workload(live: dict[tuple[str, str], dict[str, Any]],
                        current: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
         """The workload still running when an apply stopped short: the one being applied, or another kind's."""
-        if current is not None and current["kind"] in ("StatefulSet", "DaemonSet"):
+        if current is not None and current["kind"] in WORKLOAD_KINDS:
             return current
-        return next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+        return next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
 
     def _prune(self, namespace: str, unwanted: dict[tuple[str, str], dict[str, Any]], result: Result) -> None:
         """Delete children this server controls but no longer wants (`unwanted` holds only objects with its
@@ -557,13 +594,17 @@ class Reconciler:
         of the namespace's label first, then the API server's own admission by a dry run (pod_admission.py)."""
         level = podsecurity.enforced_level(self.namespace_labels(namespace))
         for obj in desired:
-            if obj["kind"] in ("StatefulSet", "DaemonSet"):
-                template = obj["spec"]["template"]
-                found = podsecurity.violations(template["spec"], level, template["metadata"].get("annotations"))
-                if found:
-                    return podsecurity.message(namespace, level or "", found)
-                if self.pod_admission is not None:
-                    return self.pod_admission.refusal(self.kube, obj)
+            if obj["kind"] in WORKLOAD_KINDS:
+                for template in pod_templates(obj):  # a LeaderWorkerSet's leader and worker
+                    found = podsecurity.violations(template["spec"], level,
+                                                   template["metadata"].get("annotations"))
+                    if found:
+                        return podsecurity.message(namespace, level or "", found)
+                    if self.pod_admission is not None:
+                        one = {**obj, "spec": {**obj["spec"], "template": template}}
+                        why = self.pod_admission.refusal(self.kube, one)
+                        if why is not None:
+                            return why
         return None
 
     def namespace_labels(self, namespace: str) -> Optional[dict[str, str]]:
@@ -640,6 +681,7 @@ class Reconciler:
             conditions.set("Progressing", "False" if stalled else "True", run.reason if stalled else "Creating",
                            "waiting for a valid spec" if stalled else "creating the workload")
             return
+        unit = "groups" if workload["kind"] == builders.LWS_KIND else "replicas"  # a group is a replica of nodes
         if desired == 0 and workload["kind"] == "DaemonSet":
             # A DaemonSet's count is the nodes it matches: zero is not a choice but a cluster that has
             # no such node (a GPU product label that no node carries, a taint not tolerated).
@@ -654,13 +696,13 @@ class Reconciler:
         elif desired == 0:
             ready_c = ("True", "ScaledToZero", "no replicas requested")
         elif ready >= desired:
-            ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
+            ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} {unit} ready")
         elif ready > 0:
-            ready_c = ("False", "PartiallyReady", f"{ready}/{desired} replicas ready")
+            ready_c = ("False", "PartiallyReady", f"{ready}/{desired} {unit} ready")
         elif trouble is not None:  # named: what keeps every replica from serving
-            ready_c = ("False", trouble.reason, f"0/{desired} replicas ready: {trouble.message}")
+            ready_c = ("False", trouble.reason, f"0/{desired} {unit} ready: {trouble.message}")
         else:
-            ready_c = ("False", "NoReplicasReady", f"0/{desired} replicas ready (models load for minutes)")
+            ready_c = ("False", "NoReplicasReady", f"0/{desired} {unit} ready (models load for minutes)")
         conditions.set("Ready", *ready_c)
         if progress["settled"]:
             prog = ("False", "Stable", f"{workload['kind']} is up to date")

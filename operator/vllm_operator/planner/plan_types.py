@@ -16,6 +16,12 @@ from .memory import KVLayout
 
 
 DEFAULT_PORT = api.VLLM_PORT
+#: The port a group's leader coordinates its nodes on (vLLM's --master-port: torch.distributed's TCP store).
+COORDINATION_PORT = 29500
+#: The variables the LeaderWorkerSet controller puts into every pod of a group; the kubelet expands $(NAME) in
+#: the container's args from them.
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,12 @@ class Plan:
     gpu_memory: Optional[int] = None
     gpu_source: str = ""
     tensor_parallel_size: int = 1
+    nodes: int = 1
+    """Nodes one server (a group, above 1) spans: spec.nodes."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages, one per node with crossNodeParallelism Pipeline."""
+    stage_layers: int = 0
+    """The most layers one pipeline stage holds (with nodes > 1)."""
     args: list[str] = field(default_factory=list)
     decisions: list[FlagDecision] = field(default_factory=list)
     memory: Optional[Memory] = None
@@ -72,6 +84,8 @@ class Plan:
     max_num_batched_tokens: int = 0
     gpu_memory_utilization: float = 0.0
     weight_bytes_total: int = 0
+    stage_weight_bytes: int = 0
+    """The weights one node loads: all of them on one node, its stage's share across nodes."""
     shm_bytes: int = 0
     host_memory_bytes: int = 0
     cpu_request: int = 0
@@ -112,6 +126,8 @@ class Plan:
         m = self.memory
         return {
             "tensorParallelSize": self.tensor_parallel_size,
+            "pipelineParallelSize": self.pipeline_parallel_size if self.nodes > 1 else None,
+            "nodes": self.nodes if self.nodes > 1 else None,
             "gpuMemoryBytes": self.gpu_memory,
             "weightBytesPerGpu": m.weights if m else None,
             "activationBytesPerGpu": m.activation if m else None,
