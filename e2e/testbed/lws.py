@@ -125,7 +125,9 @@ class LWSController:
                                          preexec_fn=_child_setup(os.getpid()))
         wait_for(lambda: self._healthy(health), timeout, "the LWS controller manager's readiness", interval=0.5)
         self.cp.kubectl("apply", "--server-side", "-f", "-",
-                        input="\n---\n".join(json.dumps(o) for o in webhook_configurations(webhook, ca)))
+                        # one List: kubectl 1.30 parses JSON documents split by "---" as one stream and fails
+                        input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                          "items": list(webhook_configurations(webhook, ca))}))
         return self
 
     def _healthy(self, port: int) -> bool:
