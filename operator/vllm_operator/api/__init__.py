@@ -24,9 +24,13 @@ from .kube_types import (
     SecretKeySelector, SecretVolumeSource, Toleration, Volume, VolumeMount,
 )
 from .spec import (
-    AUTOSCALING_TOLERANCE, AutoscalingSpec, CacheSpec, EngineSpec, GPUSpec, ModelArchitecture, ModelSpec,
+    AUTOSCALING_TOLERANCE, AutoscalingSpec, ScaleToZeroSpec, CacheSpec, EngineSpec, GPUSpec, ModelArchitecture, ModelSpec,
     NOT_A_FLAG_PATTERN, ObjectMeta, Quantization, VLLMServer, VLLMServerSpec, WorkloadProfile,
     downloads_in_init_container, is_hub_model,
+)
+from .routing import (
+    DEFAULT_PICKER_IMAGE, HTTPRouteSpec, InferencePoolSpec, MAX_POOL_NAME, PickerSpec, RoutingSpec, ScorerWeights,
+    owns_pool, pool_name,
 )
 from .status import (
     AutoscalingStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
@@ -46,5 +50,7 @@ __all__ = [
     "AUTOSCALING_TOLERANCE", "AutoscalingSpec", "CacheSpec", "EngineSpec", "GPUSpec", "ModelArchitecture",
     "ModelSpec", "NOT_A_FLAG_PATTERN", "ObjectMeta", "Quantization", "VLLMServer", "VLLMServerSpec",
     "WorkloadProfile", "downloads_in_init_container", "is_hub_model", "AutoscalingStatus", "Condition",
-    "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus",
+    "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus", "DEFAULT_PICKER_IMAGE", "HTTPRouteSpec",
+    "InferencePoolSpec", "MAX_POOL_NAME", "PickerSpec", "RoutingSpec", "ScaleToZeroSpec", "ScorerWeights",
+    "owns_pool", "pool_name",
 ]

@@ -19,6 +19,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,6 +33,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extproc "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -45,6 +47,8 @@ var (
 	picker        = flag.String("picker", "127.0.0.1:9002", "the endpoint picker's ext_proc gRPC address")
 	hold          = flag.Duration("hold", 0, "how long to hold a request while the picker has no endpoint (503)")
 	retryInterval = flag.Duration("retry-interval", 500*time.Millisecond, "how often to ask again while holding")
+	useTLS        = flag.Bool("tls", false, "TLS to the picker without verifying its certificate (the picker's "+
+		"--secure-serving default serves a self-signed one; gateways connect to it so)")
 	timeout       = flag.Duration("timeout", 300*time.Second, "deadline of one request, upstream included")
 )
 
@@ -224,7 +228,11 @@ func handler(client extproc.ExternalProcessorClient) http.HandlerFunc {
 
 func main() {
 	flag.Parse()
-	conn, err := grpc.NewClient(*picker, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if *useTLS {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // as gateways reach the picker
+	}
+	conn, err := grpc.NewClient(*picker, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		log.Fatalf("gateway: %v", err)
 	}
