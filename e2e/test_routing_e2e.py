@@ -137,7 +137,7 @@ def bed(control_plane, k8s, tmp_path_factory):
 def _all_ready(bed) -> None:
     servers = bed["servers"]
     wait_for(lambda: (servers.errors and pytest.fail("; ".join(servers.errors)))
-             or (len(bed["kubelet"].running_pods()) == 2 and all(
+             or (len(bed["kubelet"].running_pods) == 2 and all(
                  servers.by_pod[p].is_healthy() for p in ("chat-0", "chat-1")) and _picker_sees(bed, 2)),
              LOAD_TIMEOUT + 60, "both vLLM pods Ready and in the picker's pool", interval=2)
 

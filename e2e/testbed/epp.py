@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from e2e.testbed.controlplane import cache_dir, wait_for
+from e2e.testbed.convergence import wait_established
 from e2e.testbed.vllm_env import free_port
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
@@ -56,7 +57,7 @@ def install_crds(cp) -> list[str]:
     cp.kubectl("apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
     names = [c.name.split("_", 1)[1].removesuffix(".yaml") + "." + c.name.split("_", 1)[0] for c in crds]
     for name in names:
-        cp.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=120s")
+        wait_established(cp, name, timeout=120)
     return names
 
 

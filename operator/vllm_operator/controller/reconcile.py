@@ -61,6 +61,12 @@ ROUTING_KINDS = [("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("rbac.authoriza
                  (builders.POOL_API_VERSION, "InferencePool"), (builders.ROUTE_API_VERSION, "HTTPRoute")]
 
 
+def idles_to_zero(spec: api.VLLMServerSpec) -> bool:
+    """An autoscaled StatefulSet that may go to zero when idle (and comes back on a request)."""
+    a = spec.autoscaling
+    return a.enabled and a.min_replicas == 0 and spec.workload == "StatefulSet"
+
+
 def routing_names(pool: str) -> set[tuple[str, str]]:
     """(kind, name) of a pool's picker objects."""
     name = builders.picker_name(pool)
@@ -675,6 +681,10 @@ class Reconciler:
                            "spec.tolerations)")
             else:
                 ready_c = ("False", "NoReplicasReady", "waiting for the DaemonSet controller to count the nodes")
+        elif desired == 0 and run.spec is not None and idles_to_zero(run.spec):
+            ready_c = ("True", "ScaledToZero", f"idle: scaled to zero after "
+                       f"{run.spec.autoscaling.scale_to_zero.idle_seconds}s without a request; the next request "
+                       "wakes a replica (docs/scale-to-zero.md)")
         elif desired == 0:
             ready_c = ("True", "ScaledToZero", "no replicas requested")
         elif ready >= desired:
