@@ -140,6 +140,7 @@ def test_a_server_scales_to_zero_when_idle_and_back_on_a_request_that_is_served(
     pods = ColdPods(namespace, tmp_path)
     kubelet = FakeKubelet(kube.api, namespace=namespace, node_name=f"n-{namespace}"[:60],
                           ip_pool=free_loopback_ips(4), on_pod_start=pods.on_pod_start, on_pod_stop=pods.on_pod_stop,
+                          gpu_product="NVIDIA-L4",
                           auto_ready=False)
     pods.kubelet = kubelet
     kubelet.start()

@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 
 from e2e.testbed.controlplane import cache_dir, wait_for
 from e2e.testbed.convergence import wait_established
-from e2e.testbed.vllm_env import free_port
+from e2e.testbed.vllm_env import _set_pdeathsig, free_port
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 BUILD_SCRIPT = TOOLS / "epp-build.sh"
@@ -68,8 +68,11 @@ class Process:
         self.cmd = list(cmd)
         self.log_path = log_path
         self._log = open(log_path, "ab")
+        # SIGKILLed with the test's process (a test killed by its timeout leaves nothing running); start it from
+        # the thread that lives as long as it should (the fixtures' thread).
         self.popen = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                      env={**os.environ, **(env or {})}, start_new_session=True)
+                                      env={**os.environ, **(env or {})}, start_new_session=True,
+                                      preexec_fn=lambda: _set_pdeathsig(signal.SIGKILL))
 
     def log_tail(self, n: int = 40) -> str:
         try:
