@@ -618,7 +618,9 @@ def picker_name(pool: str) -> str:
 
 
 def picker_selector(pool: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "vllm-epp", "app.kubernetes.io/instance": pool}
+    """The picker's pods. Never the server's instance label, nor managed-by: the operator's pod index keys pods
+    by instance (informers/cache.index_pod), and a picker pod counted as a server's replica would be scraped."""
+    return {"app.kubernetes.io/name": "vllm-epp", "app.kubernetes.io/instance": picker_name(pool)}
 
 
 def picker_metrics(release: Optional[str]) -> dict[str, str]:
@@ -712,8 +714,7 @@ def build_picker_deployment(plan: Plan, owner: Optional[dict] = None) -> dict[st
     """The endpoint picker: one replica (its prefix index lives in memory), replaced at once on a change."""
     pool = api.pool_name(plan.name, plan.spec.routing)
     name = picker_name(pool)
-    template = {"metadata": {"labels": {**picker_selector(pool), "app.kubernetes.io/component": "endpoint-picker",
-                                        "app.kubernetes.io/managed-by": MANAGED_BY}},
+    template = {"metadata": {"labels": {**picker_selector(pool), "app.kubernetes.io/component": "endpoint-picker"}},
                 "spec": {"serviceAccountName": name, "terminationGracePeriodSeconds": 30,
                          "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                          "containers": [picker_container(plan)],

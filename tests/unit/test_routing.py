@@ -255,3 +255,15 @@ def test_a_server_joining_a_pool_without_its_owner_says_so():
                    served={"inference.networking.k8s.io/v1"})
     routing = condition(world.reconcile()["status"], "Routing")
     assert (routing["status"], routing["reason"]) == ("False", "PoolOwnerMissing")
+
+
+def test_the_pickers_pods_are_never_counted_as_the_servers():
+    """The operator's pod index keys pods by their instance label among those it manages: the picker's pods carry
+    neither the server's instance nor managed-by, so the autoscaler never scrapes one as a replica."""
+    from vllm_operator.informers.cache import index_pod
+
+    template = build(POOL_ON)[("Deployment", "chat-epp")]["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    assert labels.get("app.kubernetes.io/instance") != "chat" and "app.kubernetes.io/managed-by" not in labels
+    pod = {"metadata": {"name": "chat-epp-1", "namespace": "team-a", "labels": labels}}
+    assert ("team-a", "chat") not in (index_pod(pod) or {})
