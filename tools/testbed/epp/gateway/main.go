@@ -12,8 +12,9 @@
 //
 // -hold D: while the picker answers 503 (no endpoint: the pool is scaled to zero), ask again every
 // -retry-interval until D has passed, then answer the picker's 503: the client's request is held at the
-// gateway meanwhile (what a gateway's retry policy or a client's retries give; the held time is in the
-// x-gateway-held-ms response header). 0: the 503 at once.
+// gateway meanwhile (what a gateway's retry policy or a client's retries give; the time from the picker's first
+// 503 to its answer is in the x-gateway-held-ms response header, 0 when it had an endpoint at once). 0: the 503
+// at once.
 package main
 
 import (
@@ -153,19 +154,29 @@ func finish(d *decision, status int, contentType string, body []byte) {
 // decide asks the picker, again every retryInterval while it answers 503 and the hold has not run out.
 func decide(ctx context.Context, client extproc.ExternalProcessorClient, r *http.Request, body []byte) (*decision, time.Duration, error) {
 	start := time.Now()
+	var held time.Time // when the picker first had no endpoint: the hold's start
+	since := func() time.Duration {
+		if held.IsZero() {
+			return 0
+		}
+		return time.Since(held)
+	}
 	for {
 		d, err := pick(ctx, client, r, body)
 		if err != nil {
-			return nil, time.Since(start), err
+			return nil, since(), err
 		}
 		unavailable := d.immediate != nil && d.immediate.GetStatus().GetCode() == 503
+		if unavailable && held.IsZero() {
+			held = time.Now()
+		}
 		if !unavailable || time.Since(start)+*retryInterval > *hold {
-			return d, time.Since(start), nil
+			return d, since(), nil
 		}
 		_ = d.stream.CloseSend()
 		select {
 		case <-ctx.Done():
-			return nil, time.Since(start), ctx.Err()
+			return nil, since(), ctx.Err()
 		case <-time.After(*retryInterval):
 		}
 	}
