@@ -178,7 +178,8 @@ def test_a_server_scales_to_zero_when_idle_and_back_on_a_request_that_is_served(
         wait_for(lambda: all(n.startswith(builders.picker_name(NAME))
                                                            for _, n in kubelet.running_pods),
                  120, "the vLLM pod gone")
-        wait_for(lambda: _ready_pods(picker) == 0, 60, "the picker's pool empty", interval=0.5)
+        # (the picker's inference_pool_ready_pods gauge keeps its last value when no pod is left: v1.2.0 skips
+        # the refresh of an empty pool, so the pool being empty shows in its answer below, a 503 it counts)
         reconciler.reconcile(namespace, NAME)
         server = kube.request("GET", f"{GROUP_PATH}/namespaces/{namespace}/vllmservers/{NAME}")
         ready = condition(server["status"], "Ready")

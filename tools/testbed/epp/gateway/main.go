@@ -14,7 +14,8 @@
 // -retry-interval until D has passed, then answer the picker's 503: the client's request is held at the
 // gateway meanwhile (what a gateway's retry policy or a client's retries give; the time from the picker's first
 // 503 to its answer is in the x-gateway-held-ms response header, 0 when it had an endpoint at once). 0: the 503
-// at once.
+// at once. A connect failure to the endpoint (a pod the picker still listed is gone) is asked again too while
+// the hold lasts, as a gateway's retry policy on connect-failure does.
 package main
 
 import (
@@ -192,12 +193,37 @@ func handler(client extproc.ExternalProcessorClient) http.HandlerFunc {
 			http.Error(w, "request body unreadable or over 8 MiB", http.StatusRequestEntityTooLarge)
 			return
 		}
-		d, held, err := decide(ctx, client, r, body)
-		w.Header().Set("x-gateway-held-ms", strconv.FormatInt(held.Milliseconds(), 10))
-		if err != nil {
-			http.Error(w, "endpoint picker: "+err.Error(), http.StatusBadGateway)
-			return
+		start := time.Now()
+		var d *decision
+		var resp *http.Response
+		var held time.Duration
+		for {
+			var err error
+			d, held, err = decide(ctx, client, r, body)
+			if err != nil {
+				http.Error(w, "endpoint picker: "+err.Error(), http.StatusBadGateway)
+				return
+			}
+			if d.immediate != nil || d.endpoint == "" {
+				break
+			}
+			endpoint := strings.Split(d.endpoint, ",")[0]
+			req, _ := http.NewRequestWithContext(ctx, r.Method, "http://"+endpoint+r.URL.RequestURI(), bytes.NewReader(d.body))
+			req.Header.Set("Content-Type", r.Header.Get("Content-Type"))
+			resp, err = upstream.Do(req)
+			if err == nil {
+				break
+			}
+			_ = d.stream.CloseSend()
+			// A pod the picker still listed is gone (a connect failure): asked again while the hold lasts, as a
+			// gateway's retry policy on connect-failure does.
+			if time.Since(start)+*retryInterval > *hold {
+				http.Error(w, "upstream "+endpoint+": "+err.Error(), http.StatusBadGateway)
+				return
+			}
+			time.Sleep(*retryInterval)
 		}
+		w.Header().Set("x-gateway-held-ms", strconv.FormatInt(held.Milliseconds(), 10))
 		if d.immediate != nil {
 			_ = d.stream.CloseSend()
 			code := int(d.immediate.GetStatus().GetCode())
@@ -214,14 +240,6 @@ func handler(client extproc.ExternalProcessorClient) http.HandlerFunc {
 			return
 		}
 		endpoint := strings.Split(d.endpoint, ",")[0]
-		req, _ := http.NewRequestWithContext(ctx, r.Method, "http://"+endpoint+r.URL.RequestURI(), bytes.NewReader(d.body))
-		req.Header.Set("Content-Type", r.Header.Get("Content-Type"))
-		resp, err := upstream.Do(req)
-		if err != nil {
-			_ = d.stream.CloseSend()
-			http.Error(w, "upstream "+endpoint+": "+err.Error(), http.StatusBadGateway)
-			return
-		}
 		defer resp.Body.Close()
 		out, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 		if err != nil && !errors.Is(err, io.EOF) {
