@@ -180,7 +180,7 @@ def _failure(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> Callab
 
 
 def reconciler_statuses() -> Statuses:
-    from tests.unit.test_failures import CASES
+    from e2e.testbed.failure_cases import CASES
 
     out: Statuses = {}
     for example in EXAMPLES:
