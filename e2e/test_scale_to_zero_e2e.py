@@ -129,6 +129,42 @@ def _ready_pods(picker: epp.Picker) -> float:
     return 0.0
 
 
+def wait_scaled_to_zero(kube: Kube, kubelet: FakeKubelet, reconciler: Reconciler, loop: "Loop",
+                        namespace: str) -> None:
+    """Start the autoscaler's loop on an idle server: zero replicas after the whole idle window, the vLLM pod gone,
+    the server Ready=True ScaledToZero."""
+    idle_from = time.monotonic()
+    loop.thread.start()
+    wait_for(lambda: _replicas(kube, namespace) == 0, IDLE_SECONDS + 120, "the scale to zero", interval=0.5)
+    assert time.monotonic() - idle_from >= IDLE_SECONDS - 1, "not before the whole idle window"
+    wait_for(lambda: all(n.startswith(builders.picker_name(NAME)) for _, n in kubelet.running_pods),
+             120, "the vLLM pod gone")
+    # (the picker's inference_pool_ready_pods gauge keeps its last value when no pod is left: v1.2.0 skips the
+    # refresh of an empty pool, so the pool being empty shows in its answer to the next request, a 503 it counts)
+    reconciler.reconcile(namespace, NAME)
+    server = kube.request("GET", f"{GROUP_PATH}/namespaces/{namespace}/vllmservers/{NAME}")
+    ready = condition(server["status"], "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero"), ready
+
+
+def start_picker(control_plane, kube: Kube, namespace: str, workdir: Path) -> epp.Picker:
+    """The picker as the reconciler deployed it: its Deployment's args, its ConfigMap, its ServiceAccount's token."""
+    deployment = kube.get("apps/v1", "Deployment", namespace, builders.picker_name(NAME))
+    config = kube.get("v1", "ConfigMap", namespace, builders.picker_name(NAME))
+    assert deployment is not None and config is not None, "the reconciler applied the picker"
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    kubeconfig = service_account_kubeconfig(control_plane, namespace, builders.picker_name(NAME),
+                                            workdir / "picker.kubeconfig")
+    picker = epp.Picker(container["args"], config["data"][builders.PICKER_CONFIG_FILE], kubeconfig,
+                        workdir / "picker", namespace)
+    try:
+        picker.wait_serving()
+    except BaseException:
+        picker.stop()
+        raise
+    return picker
+
+
 @pytest.mark.timeout(1500)
 def test_a_server_scales_to_zero_when_idle_and_back_on_a_request_that_is_served(
         control_plane, kube, crd_installed, namespace, tmp_path):
@@ -151,15 +187,7 @@ def test_a_server_scales_to_zero_when_idle_and_back_on_a_request_that_is_served(
     try:
         for _ in range(2):
             reconciler.reconcile(namespace, NAME)
-        deployment = kube.get("apps/v1", "Deployment", namespace, builders.picker_name(NAME))
-        config = kube.get("v1", "ConfigMap", namespace, builders.picker_name(NAME))
-        assert deployment is not None and config is not None, "the reconciler applied the picker"
-        [container] = deployment["spec"]["template"]["spec"]["containers"]
-        kubeconfig = service_account_kubeconfig(control_plane, namespace, builders.picker_name(NAME),
-                                                tmp_path / "picker.kubeconfig")
-        picker = epp.Picker(container["args"], config["data"][builders.PICKER_CONFIG_FILE], kubeconfig,
-                            tmp_path / "picker", namespace)
-        picker.wait_serving()
+        picker = start_picker(control_plane, kube, namespace, tmp_path)
         gateway = epp.Gateway(picker, tmp_path, hold=WAKE_BOUND_SECONDS)
         gateway.wait_listening()
 
@@ -171,19 +199,7 @@ def test_a_server_scales_to_zero_when_idle_and_back_on_a_request_that_is_served(
 
         # 2. idle for the window: zero replicas, Ready=True ScaledToZero
         loop = Loop(kube, namespace, picker)
-        idle_from = time.monotonic()
-        loop.thread.start()
-        wait_for(lambda: _replicas(kube, namespace) == 0, IDLE_SECONDS + 120, "the scale to zero", interval=0.5)
-        assert time.monotonic() - idle_from >= IDLE_SECONDS - 1, "not before the whole idle window"
-        wait_for(lambda: all(n.startswith(builders.picker_name(NAME))
-                                                           for _, n in kubelet.running_pods),
-                 120, "the vLLM pod gone")
-        # (the picker's inference_pool_ready_pods gauge keeps its last value when no pod is left: v1.2.0 skips
-        # the refresh of an empty pool, so the pool being empty shows in its answer below, a 503 it counts)
-        reconciler.reconcile(namespace, NAME)
-        server = kube.request("GET", f"{GROUP_PATH}/namespaces/{namespace}/vllmservers/{NAME}")
-        ready = condition(server["status"], "Ready")
-        assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero"), ready
+        wait_scaled_to_zero(kube, kubelet, reconciler, loop, namespace)
         before = unserved(picker.metrics_text())
 
         # 3. a request at zero: held at the gateway, wakes a replica, served within the bound
