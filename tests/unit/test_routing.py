@@ -237,6 +237,7 @@ def test_without_the_extensions_crds_the_condition_says_what_to_install_and_noth
     assert not [k for k in world.kube.objects if k[0] in ("InferencePool", "Deployment", "Role")]
     assert ("StatefulSet", NS, "srv") in world.kube.objects, "the server itself is deployed"
     assert condition(status, "Degraded")["status"] == "False"
+    assert ("RoutingAPINotInstalled", routing["message"]) in world.warning_events()
     world.kube.serves = lambda gv: True  # the CRDs installed: applied at the next pass (after the cache's TTL)
     world.reconciler._served.clear()
     status = world.reconcile()["status"]
