@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-import yaml
 
 from e2e.testbed import epp, vllm_env
 from e2e.testbed.controlplane import wait_for
