@@ -9,7 +9,9 @@
 #
 # Output:  $CACHE/epp-$VERSION/bin/epp
 #          $CACHE/epp-$VERSION/bin/gateway
-#          $CACHE/epp-$VERSION/crds/*.yaml
+#          $CACHE/epp-$VERSION/crds/*.yaml           (the extension's)
+#          $CACHE/epp-$VERSION/gateway-crds/*.yaml   (the Gateway API's standard channel, at the version the
+#                                                      extension's go.mod requires: HTTPRoute, Gateway, ...)
 #          $CACHE/epp-$VERSION/.built   (marker, written last; names the go.mod/go.sum/script digest)
 # where CACHE=${VLLM_OPERATOR_CACHE:-$HOME/.cache/vllm-operator}. Go's module and build caches are the ones
 # tools/kube-build.sh uses ($CACHE/go-mod, $CACHE/go-build): client-go and apimachinery are shared.
@@ -29,7 +31,7 @@ OUT=$CACHE/epp-$VERSION
 MARKER=$OUT/.built
 DIGEST=$(cat "$SRC"/go.mod "$SRC"/go.sum "$SRC"/tools.go "$SRC"/gateway/main.go "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
 
-built() { [[ -x $OUT/bin/epp && -x $OUT/bin/gateway && -d $OUT/crds && -f $MARKER && $(cat "$MARKER") == "$DIGEST" ]]; }
+built() { [[ -x $OUT/bin/epp && -x $OUT/bin/gateway && -d $OUT/crds && -d $OUT/gateway-crds && -f $MARKER && $(cat "$MARKER") == "$DIGEST" ]]; }
 
 built && exit 0
 
@@ -52,17 +54,21 @@ mkdir -p "$GOMODCACHE" "$GOCACHE"
 go version >&2
 
 echo "epp-build: go build: $MODULE/cmd/epp v$VERSION" >&2
-rm -rf "$OUT/bin.tmp" "$OUT/crds.tmp"
-mkdir -p "$OUT/bin.tmp" "$OUT/crds.tmp"
+rm -rf "$OUT/bin.tmp" "$OUT/crds.tmp" "$OUT/gateway-crds.tmp"
+mkdir -p "$OUT/bin.tmp" "$OUT/crds.tmp" "$OUT/gateway-crds.tmp"
 (cd "$SRC" && go build -trimpath -ldflags "-s -w" -o "$OUT/bin.tmp/epp" "$MODULE/cmd/epp")
 echo "epp-build: go build: the test bed's gateway (ext_proc client)" >&2
 (cd "$SRC" && go build -trimpath -ldflags "-s -w" -o "$OUT/bin.tmp/gateway" ./gateway)
 MODDIR=$(cd "$SRC" && go list -m -f '{{.Dir}}' "$MODULE")
 cp "$MODDIR"/config/crd/bases/*.yaml "$OUT/crds.tmp/"
-chmod -R u+w "$OUT/crds.tmp"
+GWDIR=$(cd "$SRC" && go mod download -json sigs.k8s.io/gateway-api | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+[[ -n $GWDIR ]] || { echo "epp-build: cannot download sigs.k8s.io/gateway-api" >&2; exit 1; }
+cp "$GWDIR"/config/crd/standard/*.yaml "$OUT/gateway-crds.tmp/"
+chmod -R u+w "$OUT/crds.tmp" "$OUT/gateway-crds.tmp"
 
-rm -rf "$OUT/bin" "$OUT/crds"
+rm -rf "$OUT/bin" "$OUT/crds" "$OUT/gateway-crds"
 mv "$OUT/bin.tmp" "$OUT/bin"
 mv "$OUT/crds.tmp" "$OUT/crds"
+mv "$OUT/gateway-crds.tmp" "$OUT/gateway-crds"
 echo "$DIGEST" >"$MARKER"
 echo "epp-build: done: $OUT/bin/epp ($(du -sh "$OUT/bin" | cut -f1)), $((SECONDS - T0))s" >&2

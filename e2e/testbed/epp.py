@@ -61,6 +61,16 @@ def install_crds(cp) -> list[str]:
     return names
 
 
+def install_gateway_crds(cp) -> list[str]:
+    """The Gateway API's standard-channel CRDs (HTTPRoute, Gateway, ...) at the version the extension requires."""
+    crds = sorted((ensure_built() / "gateway-crds").glob("*.yaml"))
+    cp.kubectl("apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
+    names = [c.name.split("_", 1)[1].removesuffix(".yaml") + "." + c.name.split("_", 1)[0] for c in crds]
+    for name in names:
+        wait_established(cp, name, timeout=120)
+    return names
+
+
 class Process:
     """A started binary with its log; stopped (SIGTERM, then SIGKILL) by stop() or the context manager."""
 
