@@ -90,7 +90,7 @@ def test_install_then_the_operator_under_the_charts_account_serves_a_model(contr
         for verb in ("get", "list", "watch"):
             assert not can_i(cp, verb, "secrets", as_namespace=namespace, as_name=sa, namespace=ns), (verb, ns)
     for verb, resource in (("create", "pods"), ("delete", "vllmservers.vllm-operator.io"),
-                           ("update", "deployments.apps"), ("get", "configmaps"), ("create", "rolebindings")):
+                           ("update", "deployments.apps"), ("get", "configmaps"), ("create", "clusterrolebindings")):
         assert not can_i(cp, verb, resource, as_namespace=namespace, as_name=sa, namespace=app), (verb, resource)
     p = subprocess.run([KUBECTL, f"--kubeconfig={tmp_path / 'sa.kubeconfig'}", "get", "secrets", "-n", app],
                        capture_output=True, text=True)

@@ -114,11 +114,10 @@ def bed(control_plane, k8s, tmp_path_factory):
         for pod in ("chat-0", "chat-1"):
             kube.apply(pool_pod(namespace, pod, POOL))
         deployment = objects[("Deployment", builders.picker_name(POOL))]
-        config = objects[("ConfigMap", builders.picker_name(POOL))]["data"][builders.PICKER_CONFIG_FILE]
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         kubeconfig = service_account_kubeconfig(control_plane, namespace, builders.picker_name(POOL),
                                                 work / "picker.kubeconfig")
-        picker = epp.Picker(container["args"], config, kubeconfig, work / "picker", namespace)
+        picker = epp.Picker(container["args"], kubeconfig, work / "picker", namespace)
         picker.wait_serving()
         gateway = epp.Gateway(picker, work)
         gateway.wait_listening()

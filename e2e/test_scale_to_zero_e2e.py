@@ -147,15 +147,14 @@ def wait_scaled_to_zero(kube: Kube, kubelet: FakeKubelet, reconciler: Reconciler
 
 
 def start_picker(control_plane, kube: Kube, namespace: str, workdir: Path) -> epp.Picker:
-    """The picker as the reconciler deployed it: its Deployment's args, its ConfigMap, its ServiceAccount's token."""
+    """The picker as the reconciler deployed it: its Deployment's args (its config inline), its ServiceAccount's
+    token."""
     deployment = kube.get("apps/v1", "Deployment", namespace, builders.picker_name(NAME))
-    config = kube.get("v1", "ConfigMap", namespace, builders.picker_name(NAME))
-    assert deployment is not None and config is not None, "the reconciler applied the picker"
+    assert deployment is not None, "the reconciler applied the picker"
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     kubeconfig = service_account_kubeconfig(control_plane, namespace, builders.picker_name(NAME),
                                             workdir / "picker.kubeconfig")
-    picker = epp.Picker(container["args"], config["data"][builders.PICKER_CONFIG_FILE], kubeconfig,
-                        workdir / "picker", namespace)
+    picker = epp.Picker(container["args"], kubeconfig, workdir / "picker", namespace)
     try:
         picker.wait_serving()
     except BaseException:

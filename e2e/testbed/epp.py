@@ -118,17 +118,14 @@ def _replace_arg(args: list[str], flag: str, value: str) -> list[str]:
 
 
 class Picker(Process):
-    """The endpoint picker run with a Deployment's container args (as built by builders.build_picker_deployment):
-    its config file written from the ConfigMap, its ports free ones of this machine (the test bed's processes share
-    the host's network), its API access the kubeconfig given (the picker's ServiceAccount's, to prove its Role)."""
+    """The endpoint picker run with a Deployment's container args (as built by builders.build_picker_deployment,
+    its config inline), its ports free ones of this machine (the test bed's processes share the host's network),
+    its API access the kubeconfig given (the picker's ServiceAccount's, to prove its Role)."""
 
-    def __init__(self, args: Sequence[str], config_text: str, kubeconfig: str | os.PathLike, workdir: Path,
-                 namespace: str):
+    def __init__(self, args: Sequence[str], kubeconfig: str | os.PathLike, workdir: Path, namespace: str):
         workdir.mkdir(parents=True, exist_ok=True)
-        config = workdir / "epp.yaml"
-        config.write_text(config_text)
         self.grpc_port, self.health_port, self.metrics_port = free_port(), free_port(), free_port()
-        argv = _replace_arg(list(args), "--config-file", str(config))
+        argv = list(args)
         for flag, port in (("--grpc-port", self.grpc_port), ("--grpc-health-port", self.health_port),
                            ("--metrics-port", self.metrics_port)):
             argv = _replace_arg(argv, flag, str(port))

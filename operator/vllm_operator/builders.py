@@ -600,7 +600,6 @@ PICKER_CONFIG_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 PICKER_GRPC_PORT = 9002
 PICKER_HEALTH_PORT = 9003
 PICKER_METRICS_PORT = 9090
-PICKER_CONFIG_FILE = "epp.yaml"
 #: The header the extension's body-based router sets from the request's "model" field (HTTPRoute matches on it).
 MODEL_NAME_HEADER = "X-Gateway-Model-Name"
 #: vLLM's metric names the picker reads. The KV cache gauge was gpu_cache_usage_perc before vLLM 0.10.
@@ -613,7 +612,7 @@ SCORERS = (("queue_depth", "queue-scorer"), ("kv_cache_utilization", "kv-cache-u
 
 
 def picker_name(pool: str) -> str:
-    """The endpoint picker's Deployment, Service, ServiceAccount, Role, RoleBinding and ConfigMap."""
+    """The endpoint picker's Deployment, Service, ServiceAccount, Role and RoleBinding."""
     return f"{pool}-epp"
 
 
@@ -646,7 +645,7 @@ def picker_config(weights: api.ScorerWeights) -> str:
               "plugins": [{"type": kind} for kind, _ in used],
               "schedulingProfiles": [{"name": "default",
                                       "plugins": [{"pluginRef": kind, "weight": w} for kind, w in used]}]}
-    return json.dumps(config, indent=2) + "\n"  # JSON is YAML: the picker reads it with a YAML decoder
+    return json.dumps(config, separators=(",", ":"))  # JSON is YAML: the picker reads it with a YAML decoder
 
 
 def picker_args(plan: Plan) -> list[str]:
@@ -654,7 +653,8 @@ def picker_args(plan: Plan) -> list[str]:
     routing = plan.spec.routing
     picker = routing.inference_pool.picker
     args = ["--pool-name", api.pool_name(plan.name, routing), "--pool-namespace", plan.namespace,
-            "--config-file", f"/config/{PICKER_CONFIG_FILE}",
+            # the config inline (--config-text): no ConfigMap, so the operator needs no right on ConfigMaps
+            "--config-text", picker_config(picker.scorers),
             "--grpc-port", str(PICKER_GRPC_PORT), "--grpc-health-port", str(PICKER_HEALTH_PORT),
             "--metrics-port", str(PICKER_METRICS_PORT),
             # Its metrics (what wakes a server at zero) are read by the operator over the cluster network; an
@@ -665,13 +665,6 @@ def picker_args(plan: Plan) -> list[str]:
     for flag, metric in picker_metrics(release).items():
         args += [f"--{flag}", metric]
     return args
-
-
-def build_picker_config(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
-    pool = api.pool_name(plan.name, plan.spec.routing)
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": metadata(plan, picker_name(pool), owner, component="endpoint-picker"),
-            "data": {PICKER_CONFIG_FILE: picker_config(plan.spec.routing.inference_pool.picker.scorers)}}
 
 
 def build_picker_rbac(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:
@@ -704,7 +697,6 @@ def picker_container(plan: Plan) -> dict[str, Any]:
                   {"name": "metrics", "containerPort": PICKER_METRICS_PORT, "protocol": "TCP"}],
         "readinessProbe": probe, "livenessProbe": {**probe, "initialDelaySeconds": 5},
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
-        "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True}],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
     }
@@ -717,8 +709,7 @@ def build_picker_deployment(plan: Plan, owner: Optional[dict] = None) -> dict[st
     template = {"metadata": {"labels": {**picker_selector(pool), "app.kubernetes.io/component": "endpoint-picker"}},
                 "spec": {"serviceAccountName": name, "terminationGracePeriodSeconds": 30,
                          "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-                         "containers": [picker_container(plan)],
-                         "volumes": [{"name": "config", "configMap": {"name": name}}]}}
+                         "containers": [picker_container(plan)]}}
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": metadata(plan, name, owner, component="endpoint-picker"),
             "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
@@ -777,7 +768,7 @@ def build_routing(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, An
     routing = plan.spec.routing
     objects: list[dict[str, Any]] = []
     if api.owns_pool(plan.name, routing):
-        objects += [build_picker_config(plan, owner), *build_picker_rbac(plan, owner),
+        objects += [*build_picker_rbac(plan, owner),
                     build_picker_service(plan, owner), build_picker_deployment(plan, owner),
                     build_inference_pool(plan, owner)]
     if routing.inference_pool.enabled and routing.http_route.enabled:

@@ -168,7 +168,6 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
         ("keda.sh", "scaledobjects"): CHILD_VERBS,
         # spec.routing (docs/routing.md): the pool, its picker and its namespaced RBAC, the route
         ("apps", "deployments"): CHILD_VERBS,
-        ("", "configmaps"): CHILD_VERBS,
         ("", "serviceaccounts"): CHILD_VERBS,
         ("rbac.authorization.k8s.io", "roles"): CHILD_VERBS,
         ("rbac.authorization.k8s.io", "rolebindings"): CHILD_VERBS,

@@ -68,21 +68,26 @@ def test_the_pickers_rbac_is_namespaced_and_read_only():
     assert not [k for k in objects if k[0].startswith("Cluster")]
 
 
+def picker_flags(objects: dict) -> dict[str, str]:
+    args = objects[("Deployment", "chat-epp")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    return {a: b for a, b in zip(args, args[1:]) if a.startswith("--") and not b.startswith("--")}
+
+
 def test_the_pickers_config_has_the_four_scorers_with_their_weights_and_drops_a_zero():
     objects = build(POOL_ON)
-    config = yaml.safe_load(objects[("ConfigMap", "chat-epp")]["data"]["epp.yaml"])
+    assert not [k for k in objects if k[0] == "ConfigMap"], "inline: the operator needs no right on ConfigMaps"
+    config = yaml.safe_load(picker_flags(objects)["--config-text"])
     assert config["kind"] == "EndpointPickerConfig"
     weights = {p["pluginRef"]: p["weight"] for p in config["schedulingProfiles"][0]["plugins"]}
     assert weights == {"queue-scorer": 2, "kv-cache-utilization-scorer": 2, "prefix-cache-scorer": 3,
                        "lora-affinity-scorer": 1}
     off = build({"routing": {"inferencePool": {"enabled": True, "picker": {"scorers": {"prefixCache": 0}}}}})
-    config = yaml.safe_load(off[("ConfigMap", "chat-epp")]["data"]["epp.yaml"])
+    config = yaml.safe_load(picker_flags(off)["--config-text"])
     assert "prefix-cache-scorer" not in [p["type"] for p in config["plugins"]]
 
 
 def test_the_picker_reads_vllms_metric_names_of_the_images_release():
-    args = build(POOL_ON)[("Deployment", "chat-epp")]["spec"]["template"]["spec"]["containers"][0]["args"]
-    flags = dict(zip(args[::2], args[1::2]))
+    flags = picker_flags(build(POOL_ON))
     assert flags["--pool-name"] == "chat" and flags["--pool-namespace"] == "team-a"
     assert flags["--total-queued-requests-metric"] == "vllm:num_requests_waiting"
     assert flags["--kv-cache-usage-percentage-metric"] == "vllm:kv_cache_usage_perc"
@@ -94,7 +99,7 @@ def test_a_server_joining_another_pool_labels_its_pods_and_emits_no_pool_or_pick
     objects = build({"routing": {"inferencePool": {"enabled": True, "poolName": "shared"}}}, name="chat-b")
     assert objects[("StatefulSet", "chat-b")]["spec"]["template"]["metadata"]["labels"][builders.POOL_LABEL] == \
         "shared"
-    assert not [k for k in objects if k[0] in ("InferencePool", "Deployment", "Role", "ConfigMap")]
+    assert not [k for k in objects if k[0] in ("InferencePool", "Deployment", "Role", "ServiceAccount")]
     assert api.owns_pool("shared", api.RoutingSpec.model_validate({"inferencePool": {"enabled": True,
                                                                                       "poolName": "shared"}}))
 

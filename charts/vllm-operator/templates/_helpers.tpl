@@ -70,15 +70,15 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# spec.routing (docs/routing.md): the InferencePool, its endpoint picker (Deployment, Service, ConfigMap,
-# ServiceAccount, a Role and RoleBinding in the server's namespace) and the HTTPRoute, managed like the children
+# spec.routing (docs/routing.md): the InferencePool, its endpoint picker (Deployment, Service, ServiceAccount,
+# a Role and RoleBinding in the server's namespace; its config is an argument, no ConfigMap) and the HTTPRoute, managed like the children
 # above (a kind the cluster does not serve is not watched). Creating the picker's Role needs the rights it grants
 # (Kubernetes refuses an escalation): pods and inferencepools are granted here already, inferenceobjectives read.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["configmaps", "serviceaccounts"]
+  resources: ["serviceaccounts"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]

@@ -56,7 +56,7 @@ KEPT_WHILE_INVALID = ("selector", "endpoint", "plan", "kvCapacity")
 #: The Routing condition's reason where the cluster lacks the Inference Extension's or Gateway API's CRDs.
 ROUTING_NOT_INSTALLED = "RoutingAPINotInstalled"
 #: The kinds spec.routing emits (builders.build_routing), watched and pruned like the other children.
-ROUTING_KINDS = [("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
+ROUTING_KINDS = [("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
                  ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("apps/v1", "Deployment"),
                  (builders.POOL_API_VERSION, "InferencePool"), (builders.ROUTE_API_VERSION, "HTTPRoute")]
 
@@ -70,7 +70,7 @@ def idles_to_zero(spec: api.VLLMServerSpec) -> bool:
 def routing_names(pool: str) -> set[tuple[str, str]]:
     """(kind, name) of a pool's picker objects."""
     name = builders.picker_name(pool)
-    return {(k, name) for k in ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")}
+    return {(k, name) for k in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")}
 
 
 def routing_not_installed_message(missing: list[str]) -> str:

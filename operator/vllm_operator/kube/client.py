@@ -32,7 +32,6 @@ PLURALS = {
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
-    ("v1", "ConfigMap"): "configmaps",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("apps/v1", "Deployment"): "deployments",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
