@@ -85,6 +85,11 @@ class Servers:
     def waiting(self, pod: str) -> float:
         return parse_vllm_metrics(pod, self.by_pod[pod].metrics_text(timeout=10), time.time()).waiting
 
+    def quiet(self, pod: str) -> bool:
+        """No request running or waiting (the previous case's load, cancelled, has drained)."""
+        sample = parse_vllm_metrics(pod, self.by_pod[pod].metrics_text(timeout=10), time.time())
+        return sample.waiting == 0 and sample.running == 0
+
     def close(self) -> None:
         for server in self.by_pod.values():
             server.stop(grace=10)
@@ -159,6 +164,8 @@ def test_picker_routes_to_the_less_loaded_server(bed, loaded, idle):
     every request through the gateway meanwhile is sent to the other one, by the picker's queue and KV scorers."""
     _all_ready(bed)
     servers, gateway = bed["servers"], bed["gateway"]
+    wait_for(lambda: servers.quiet(idle), 120, f"{idle}'s vLLM quiet (no request left from another case)",
+             interval=0.5)
     load = LoadGenerator(lambda: [f"http://{_endpoint(bed, loaded)}"], concurrency=6, max_requests=5000,
                          duration=600, max_tokens=900).start()
     try:
