@@ -1,5 +1,5 @@
 # The two commands of the README, plus generators.
-.PHONY: demo test test-unit test-artefacts test-apiserver test-e2e crd generate golden flags lock
+.PHONY: demo test test-unit test-artefacts test-apiserver test-apiserver-oldest test-e2e crd generate golden flags lock
 
 demo:  ## a local control plane, the operator and an example VLLMServer, until Ctrl-C
 	bash tools/demo.sh
@@ -17,6 +17,9 @@ test-artefacts:  ## tests/artefacts: the chart, alerts, dashboard, kstatus, Argo
 
 test-apiserver:  ## tests/apiserver: in-process tests against the real API server
 	bash tools/run-tests.sh tests/apiserver
+
+test-apiserver-oldest:  ## tests/apiserver against the oldest claimed Kubernetes (tools/testbed/kube-1.30)
+	VLLM_OPERATOR_KUBE_MODULE=kube-1.30 VLLM_OPERATOR_OLDEST_KUBE=0 bash tools/run-tests.sh tests/apiserver
 
 test-e2e:  ## e2e/: the operator as a process and real vLLM on the test bed
 	bash tools/run-tests.sh e2e

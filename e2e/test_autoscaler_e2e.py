@@ -1,5 +1,5 @@
-"""Queue-based autoscaling end to end, with real parts only: kube-apiserver + controller-manager
-1.20, the operator process, real vLLM servers on the CPU as the pods (started by the fake
+"""Queue-based autoscaling end to end, with real parts only: the test bed's kube-apiserver +
+controller-manager, the operator process, real vLLM servers on the CPU as the pods (started by the fake
 kubelet on each pod's own 127.x.y.z address, Ready only once /health answers), a bounded
 load generator, and a real Prometheus scraping the pods through file-based discovery.
 

@@ -37,7 +37,9 @@ from vllm_operator.kube.client import Kube
 pytestmark = pytest.mark.apiserver
 
 SEED = int(os.environ.get("VLLM_OPERATOR_CRASH_SEED", "20261130"))
-BASES = {p.name: example(p.name) for p in EXAMPLES}
+#: The single-node examples: a group (spec.nodes > 1) needs LeaderWorkerSet, which this test's cluster does not run
+#: (tests/apiserver/test_leaderworkerset.py runs the real one).
+BASES = {p.name: example(p.name) for p in EXAMPLES if (example(p.name)["spec"].get("nodes") or 1) == 1}
 MODELS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.2-3B-Instruct",
           "google/gemma-3-4b-it", "Qwen/Qwen2.5-32B-Instruct-AWQ"]
 

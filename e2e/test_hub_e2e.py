@@ -39,7 +39,8 @@ def test_the_operator_process_plans_hub_models_public_and_gated(control_plane, c
                    gated={LLAMA_GATED: TOKEN}) as stand_in:
         proc = OperatorProcess(control_plane.kubeconfig, tmp_path / "operator.log", resync_seconds=3,
                                extra_args=["-n", namespace, "--hf-endpoint", stand_in.base,
-                                           "--hf-token-file", str(token)]).start()
+                                           "--hf-token-file", str(token),
+                                           "--hf-token-repo", LLAMA_GATED.split("/")[0]]).start()
         try:
             started = time.monotonic()
             kubectl_apply(control_plane, server("moe", namespace, QWEN_MOE))

@@ -19,7 +19,8 @@ import pytest
 
 from vllm_operator import pipeline, validation, vllm_flags
 from vllm_operator.planner import Plan
-from tests.unit.test_vllm_snapshots import SAMPLE, plan_of, example_plans, sweep_specs, VARIANTS, variant_plans, _releases
+from tests.unit.test_vllm_snapshots import (SAMPLE, plan_of, example_plans, sweep_specs, VARIANTS, variant_plans,
+                                            _releases, pod_argvs)
 
 #: Every test here runs vLLM's parser but the snapshot checks, which need only vllm_releases/*.json.
 needs_vllm = pytest.mark.vllm
@@ -33,6 +34,7 @@ def _assert_values_match(plan: Plan, result: dict) -> None:
     assert values["model"] == plan.spec.model.name
     assert values["max_model_len"] == plan.max_model_len
     assert values["tensor_parallel_size"] == plan.tensor_parallel_size
+    assert values["pipeline_parallel_size"] == plan.pipeline_parallel_size
     assert values["gpu_memory_utilization"] == plan.gpu_memory_utilization
     assert values["max_num_seqs"] == plan.max_num_seqs
     assert values["max_num_batched_tokens"] == plan.max_num_batched_tokens
@@ -61,9 +63,10 @@ def test_every_emitted_arg_list_is_accepted_by_vllm(capsys):
         assert plan.fits, (plan.name, plan.problems)
     plans = fixed + sampled
 
-    results = check_args([p.args for p in plans])
+    argvs = pod_argvs(plans)  # a group's leader and a worker, as the kubelet expands their args
+    results = check_args(argvs)
 
-    rejected = [(p.args, r["error"]) for p, r in zip(plans, results) if not r["ok"]]
+    rejected = [(argv, r["error"]) for argv, r in zip(argvs, results) if not r["ok"]]
     assert not rejected, f"{len(rejected)} arg lists refused by vLLM, e.g. {rejected[:3]}"
     for plan, result in zip(plans, results):
         _assert_values_match(plan, result)
@@ -171,13 +174,14 @@ def test_each_release_parser_accepts_what_the_plan_emits_for_it_and_agrees_on_ex
     cases = [c for c in EXTRA_ARGS_CASES + RELEASE_CASES
              if not any(snap.flags.get(vllm_flags.normalise(a), vllm_flags.FlagInfo(False, False, None)).action
                         in validation.OWNED_FLAGS for a in c)]
-    results = check_args(release, [p.args for p in plans] + [[*GOOD, *extra] for extra in cases])
-    rejected = [(p.args, r["error"]) for p, r in zip(plans, results) if not r["ok"]]
+    argvs = pod_argvs(plans)
+    results = check_args(release, argvs + [[*GOOD, *extra] for extra in cases])
+    rejected = [(argv, r["error"]) for argv, r in zip(argvs, results) if not r["ok"]]
     assert not rejected, rejected[:3]
     for plan, result in zip(plans, results):
         _assert_values_match(plan, result)
     disagreements = []
-    for extra, result in zip(cases, results[len(plans):]):
+    for extra, result in zip(cases, results[len(argvs):]):
         planner_ok = not validation.check_extra_args(extra, snapshot=snap)
         if planner_ok != result["ok"]:
             disagreements.append((extra, planner_ok, result["error"]))

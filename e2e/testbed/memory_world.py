@@ -83,8 +83,9 @@ class World:
         return self.server
 
     def workload_reports(self, ready: int, *, updated: Optional[int] = None, desired: Optional[int] = None) -> None:
-        """What the StatefulSet or DaemonSet controller would write into the workload's status."""
-        for kind in ("StatefulSet", "DaemonSet"):
+        """What the StatefulSet, DaemonSet or LeaderWorkerSet controller would write into the workload's status
+        (a LeaderWorkerSet's counts are groups)."""
+        for kind in ("StatefulSet", "DaemonSet", "LeaderWorkerSet"):
             w = self.kube.objects.get((kind, NS, "srv"))
             if w is None:
                 continue
@@ -94,6 +95,9 @@ class World:
                 w["status"] = {"observedGeneration": w["metadata"]["generation"], "replicas": want,
                                "readyReplicas": ready, "updatedReplicas": done,
                                "currentRevision": "r1", "updateRevision": "r1" if done >= want else "r2"}
+            elif kind == "LeaderWorkerSet":
+                w["status"] = {"observedGeneration": w["metadata"]["generation"], "replicas": want,
+                               "readyReplicas": ready, "updatedReplicas": done}
             else:
                 w["status"] = {"observedGeneration": 1, "desiredNumberScheduled": want, "numberReady": ready,
                                "updatedNumberScheduled": done}

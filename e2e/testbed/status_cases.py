@@ -16,6 +16,7 @@ import yaml
 
 from e2e.testbed.memory_world import NS, World
 from vllm_operator.autoscaler import actuator
+from vllm_operator.builders import LWS_API_VERSION
 from vllm_operator.sources.vllm_metrics import PodRef, Sample
 from vllm_operator.kube.client import ApiError
 from vllm_operator.controller.drift import HASH_ANNOTATION
@@ -60,9 +61,10 @@ class _Measured:
 
 def _case(scenario: Callable[[World], None], spec_changes: Optional[dict] = None, *,
           example: str = "llama-8b-single-gpu.yaml", read_events: bool = False,
-          now: str = "2026-01-01T00:00:00Z") -> list[dict[str, Any]]:
+          now: str = "2026-01-01T00:00:00Z", lws: bool = True) -> list[dict[str, Any]]:
     world = World(spec_changes, example, read_events=read_events, now=now)
-    world.kube.serves = lambda api_version: False  # type: ignore[attr-defined]  # no KEDA in this cluster
+    # No KEDA in this cluster; LeaderWorkerSet where `lws`.
+    world.kube.serves = lambda api_version: lws and api_version == LWS_API_VERSION  # type: ignore[attr-defined]
     world.kube.field_manager = "vllm-operator"  # type: ignore[attr-defined]
     real_apply = world.kube.apply
 
@@ -84,7 +86,8 @@ def _lifecycle(world: World) -> None:
     world.reconcile()
     world.workload_reports(ready=0)
     world.reconcile()
-    sts = world.kube.objects.get(("StatefulSet", NS, "srv")) or world.kube.objects[("DaemonSet", NS, "srv")]
+    [sts] = [world.kube.objects[(k, n, name)] for (k, n, name) in world.kube.objects
+             if k in ("StatefulSet", "DaemonSet", "LeaderWorkerSet") and name == "srv"]
     want = sts["spec"].get("replicas", 1)
     world.workload_reports(ready=want)
     world.reconcile()
@@ -158,6 +161,26 @@ def _kv_capacity(tokens: int) -> Callable[[World], None]:
     return scenario
 
 
+class _Adapters:
+    """controller/adapters.AdapterSync as the reconciler asks it: what each ready pod lists, a load that failed."""
+
+    def observe(self, namespace, server, refs, incarnations, wanted):
+        from vllm_operator.adapters import PodAdapters
+        return [PodAdapters(r.name, listed=frozenset({"sql"}), errors={"broken": "load: HTTP 404"}) for r in refs]
+
+
+def _adapters(world: World) -> None:
+    world.reconciler.adapter_sync = _Adapters()  # type: ignore[assignment]
+    world.reconcile()
+    _ready_pod(world)
+    world.workload_reports(ready=1)
+    world.reconcile()
+
+
+ADAPTERS = {"adapters": [{"name": "sql", "source": "org/sql-lora", "rank": 8},
+                         {"name": "broken", "source": "/cache/adapters/missing", "rank": 8}]}
+
+
 def _failure(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> Callable[[World], None]:
     """One failure case of tests/unit/test_failures.py: its pods (labelled as the workload's) and Events."""
     def scenario(world: World) -> None:
@@ -187,6 +210,8 @@ def reconciler_statuses() -> Statuses:
         out[f"lifecycle/{example}"] = _case(_lifecycle, example=example)
     out["scaled-to-zero"] = _case(_lifecycle, {"replicas": 0})
     out["daemonset-on-no-node"] = _case(_no_node, {"workload": "DaemonSet", "cache": None})
+    out["leaderworkerset-not-installed"] = _case(lambda w: (w.reconcile(), w.reconcile()),
+                                                 example="llama-70b-two-nodes.yaml", lws=False)
     out["invalid-from-the-start"] = _case(lambda w: (w.reconcile(), w.reconcile()),
                                           {"gpu": {"count": 3, "product": "NVIDIA-L4"}})
     out["invalid-update"] = _case(_invalid_update)
@@ -198,6 +223,7 @@ def reconciler_statuses() -> Statuses:
     out["keda-not-installed"] = _case(_lifecycle, {"autoscaling": {"enabled": True, "mode": "KEDA", "maxReplicas": 3,
                                                                    "prometheusURL": "http://prometheus.monitoring:9090"}})
     out["kv-capacity-as-planned"] = _case(_kv_capacity(10**9))
+    out["adapters-one-failing"] = _case(_adapters, ADAPTERS)
     out["kv-capacity-below-plan"] = _case(_kv_capacity(1000))
     for case_id, pods, events, now, *_ in CASES:
         if any("involvedObject" not in e for e in events):

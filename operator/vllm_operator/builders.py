@@ -11,9 +11,10 @@ import json
 import math
 from typing import Any, Optional
 
-from . import api, strategic_merge
+from . import adapters, api, strategic_merge
 from .catalog import gpus
 from .planner import GiB, Plan
+from .planner.plan_types import COORDINATION_PORT
 
 PORT = api.VLLM_PORT
 PORT_NAME = "http"
@@ -27,6 +28,11 @@ GPU_RESOURCE = gpus.GPU_RESOURCE
 GPU_PRODUCT_LABEL = gpus.GFD_PRODUCT_LABEL
 MANAGED_BY = "vllm-operator"
 SERVER_LABEL = f"{api.GROUP}/server"
+#: A group's pods (spec.nodes > 1): "leader" (serves the API) or "worker" (vLLM --headless).
+ROLE_LABEL = f"{api.GROUP}/role"
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+COORDINATION_PORT_NAME = "coordination"
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -113,6 +119,8 @@ def container_env(plan: Plan) -> list[dict[str, Any]]:
     if spec.hf_token_secret_ref is not None:
         ref = spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if spec.adapters:  # vLLM's runtime load/unload endpoints, only where the operator loads adapters
+        env.append({"name": adapters.RUNTIME_ENV, "value": "True"})
     env += [env_var(e) for e in spec.engine.env]
     return env
 
@@ -172,10 +180,11 @@ def download_container(plan: Plan, mounts: list[dict[str, Any]]) -> Optional[dic
 def pod_security_context(spec: api.VLLMServerSpec) -> dict[str, Any]:
     """Non-root with the runtime's default seccomp profile: what Pod Security "restricted" asks of a pod (the
     container adds no privilege escalation and drops every capability). fsGroup makes the model cache's claim
-    writable by that user."""
+    writable by that user; OnRootMismatch has the kubelet change the ownership of the volume only when its root does
+    not have it yet, not of every file of a cached model at every mount."""
     uid = spec.run_as_user
     return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
-            "seccompProfile": {"type": "RuntimeDefault"}}
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def node_placement(plan: Plan) -> tuple[dict[str, str], Optional[dict[str, Any]]]:
@@ -381,6 +390,9 @@ def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any
         if spec.cache.storage_class_name:
             claim["spec"]["storageClassName"] = spec.cache.storage_class_name
         sts_spec["volumeClaimTemplates"] = [claim]
+        retention = spec.cache.persistent_volume_claim_retention_policy
+        sts_spec["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": retention.when_deleted,
+                                                            "whenScaled": retention.when_scaled}
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata(plan, plan.name, owner),
             "spec": sts_spec}
 
@@ -398,6 +410,57 @@ def build_daemonset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
     }
 
 
+def is_group(spec: api.VLLMServerSpec) -> bool:
+    """The server spans nodes: a LeaderWorkerSet of groups instead of a StatefulSet of pods."""
+    return spec.nodes > 1
+
+
+def leader_template(plan: Plan) -> dict[str, Any]:
+    """A group's leader: the single-node pod (probes, Services, drain) with the coordination port."""
+    template = pod_template(plan)
+    template["metadata"]["labels"][ROLE_LABEL] = "leader"
+    vllm = template["spec"]["containers"][0]
+    vllm["ports"] = list(vllm.get("ports") or []) + [
+        {"name": COORDINATION_PORT_NAME, "containerPort": COORDINATION_PORT, "protocol": "TCP"}]
+    return template
+
+
+def worker_template(plan: Plan) -> dict[str, Any]:
+    """A group's worker: the same pod running vLLM --headless (no API server, so no probes and no HTTP port; the
+    kubelet restarts it on exit and the LeaderWorkerSet then recreates the whole group)."""
+    template = pod_template(plan)
+    template["metadata"]["labels"][ROLE_LABEL] = "worker"
+    vllm = template["spec"]["containers"][0]
+    vllm["args"] = list(vllm["args"]) + ["--headless"]
+    vllm.pop("ports", None)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        vllm.pop(probe, None)
+    return template
+
+
+def build_leaderworkerset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+    """spec.nodes > 1: one LeaderWorkerSet group of `nodes` pods per replica. The leader serves the API, the
+    workers join it (vLLM's --nnodes/--node-rank/--master-addr from the LWS variables). LeaderCreated: the workers
+    start with the leader, since the leader's vLLM is ready only once every worker has joined (LeaderReady would
+    wait forever). A pod that fails recreates its whole group (a vLLM engine cannot lose a rank)."""
+    spec = plan.spec
+    lws_spec: dict[str, Any] = {
+        "startupPolicy": "LeaderCreated",
+        "rolloutStrategy": {"type": "RollingUpdate",
+                            "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+        "leaderWorkerTemplate": {
+            "size": spec.nodes,
+            "restartPolicy": "RecreateGroupOnPodRestart",
+            "leaderTemplate": leader_template(plan),
+            "workerTemplate": worker_template(plan),
+        },
+    }
+    if owns_replicas(spec):
+        lws_spec["replicas"] = spec.replicas
+    return {"apiVersion": LWS_API_VERSION, "kind": LWS_KIND, "metadata": metadata(plan, plan.name, owner),
+            "spec": lws_spec}
+
+
 # --------------------------------------------------------------------------- services, PDB
 def build_service(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
     """The client Service: the OpenAI-compatible API on port 8000, named http.
@@ -405,9 +468,12 @@ def build_service(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
     A DaemonSet's gets internalTrafficPolicy: Local: a client pod reaches the server on its own node, never
     another node's. A client on a node without a server pod gets no endpoint at all (kube-proxy drops the
     connection)."""
+    selector = selector_labels(plan.name)
+    if is_group(plan.spec):  # only a group's leader serves the API
+        selector[ROLE_LABEL] = "leader"
     spec: dict[str, Any] = {
         "type": "ClusterIP",
-        "selector": selector_labels(plan.name),
+        "selector": selector,
         "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
     }
     if plan.spec.workload == "DaemonSet":
@@ -455,7 +521,9 @@ def build_shared_cache_claim(plan: Plan, owner: Optional[dict] = None) -> dict[s
 
 
 def build_pdb(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
-    """At most one replica down at a time through voluntary disruptions (drains, upgrades)."""
+    """At most one replica down at a time through voluntary disruptions (drains, upgrades). For groups it covers
+    every pod of every group: one evicted pod takes its whole group down (the group is recreated), so at most
+    one pod at a time means at most one group at a time."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -490,6 +558,10 @@ def scaling_behavior(spec: api.VLLMServerSpec) -> dict[str, Any]:
 
 
 def _scale_target(plan: Plan) -> dict[str, Any]:
+    """The scale subresource the HPA or KEDA drives: the StatefulSet's, or the LeaderWorkerSet's (groups; its
+    status.hpaPodSelector selects the leaders, so the queue is read where the requests wait)."""
+    if is_group(plan.spec):
+        return {"apiVersion": LWS_API_VERSION, "kind": LWS_KIND, "name": plan.name}
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": plan.name}
 
 
@@ -515,7 +587,9 @@ def build_hpa(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
 
 
 def scaled_object_query(plan: Plan) -> str:
-    """All requests waiting in this server's pods (KEDA divides by the replica count: AverageValue)."""
+    """All requests waiting in this server's pods (KEDA divides by the replica count: AverageValue). A group's
+    leaders are named <name>-<group> like a StatefulSet's pods (its workers <name>-<group>-<index>), so the same
+    pattern reads the leaders' queues only."""
     return f'sum({QUEUE_METRIC}{{namespace="{plan.namespace}",pod=~"{plan.name}-[0-9]+"}})'
 
 
@@ -784,7 +858,9 @@ def build_all(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = [build_service(plan, owner)]
     if spec.cache is not None and spec.cache.shared:
         objects.append(build_shared_cache_claim(plan, owner))  # before the pods that mount it
-    if spec.workload == "StatefulSet":
+    if is_group(spec):
+        objects.append(build_leaderworkerset(plan, owner))  # LWS makes the group's headless Service itself
+    elif spec.workload == "StatefulSet":
         objects.append(build_headless_service(plan, owner))
         objects.append(build_statefulset(plan, owner))
     else:

@@ -21,6 +21,7 @@ SEGMENTS = [  # (attribute or key, symbol, label)
     ("activation", "A", "activation peak"),
     ("non_torch", "O", "non-torch (cuBLAS, NCCL)"),
     ("cuda_graphs", "G", "CUDA graphs"),
+    ("lora", "L", "LoRA adapter slots"),
     ("kv_cache", "K", "KV cache"),
     ("reserved", "R", "reserved (gpu.reservedMemory)"),
     ("unused", ".", "outside budget (CUDA ctx, free)"),
@@ -37,12 +38,13 @@ def _read(path: str) -> str:
 def memory_rows(plan: Plan) -> list[tuple[str, str, int]]:
     m = plan.memory
     assert m is not None
-    used = m.weights + m.activation + m.non_torch + m.kv_cache + m.cuda_graphs + m.reserved
+    used = m.weights + m.activation + m.non_torch + m.kv_cache + m.cuda_graphs + m.lora + m.reserved
     values = {
         "weights": m.weights, "activation": m.activation, "non_torch": m.non_torch, "kv_cache": m.kv_cache,
-        "cuda_graphs": m.cuda_graphs, "reserved": m.reserved, "unused": max(0, m.total - used),
+        "cuda_graphs": m.cuda_graphs, "lora": m.lora, "reserved": m.reserved, "unused": max(0, m.total - used),
     }
-    return [(sym, label, values[key]) for key, sym, label in SEGMENTS]
+    # The LoRA slots' row only for a server with adapters (spec.adapters).
+    return [(sym, label, values[key]) for key, sym, label in SEGMENTS if key != "lora" or m.lora]
 
 
 def memory_bar(plan: Plan) -> str:
@@ -62,7 +64,8 @@ def render_table(plan: Plan, out: TextIO) -> None:
     spec = plan.spec
     w = out.write
     gpu_name = plan.gpu.description
-    w(f"{plan.namespace}/{plan.name}: {spec.model.name} on {spec.gpu.count} x {gpu_name}")
+    group = f"{plan.nodes} nodes of " if plan.nodes > 1 else ""
+    w(f"{plan.namespace}/{plan.name}: {spec.model.name} on {group}{spec.gpu.count} x {gpu_name}")
     if plan.gpu_memory:
         w(f" ({plan.gpu_memory / GiB:.2f} GiB each)")
     w(f"  [{'fits' if plan.fits else 'DOES NOT FIT'}]\n")
@@ -80,7 +83,12 @@ def render_table(plan: Plan, out: TextIO) -> None:
             flag = f"{d.flag} {d.value}".strip()
             w(f"    {flag:<34} {'[pinned] ' if d.pinned else ''}{d.why}\n")
     if plan.kv_cache_tokens:
-        w(f"  capacity: {plan.kv_cache_tokens:,} KV tokens ({plan.kv_bytes_per_token:,} bytes/token/GPU); "
+        if plan.nodes > 1:
+            w(f"  group: {plan.nodes} nodes x {spec.gpu.count} GPU(s) = {plan.nodes * spec.gpu.count} GPUs "
+              f"(tensor parallel {plan.tensor_parallel_size} x pipeline {plan.pipeline_parallel_size}), one "
+              "LeaderWorkerSet group per replica\n")
+        per = " per group" if plan.nodes > 1 else ""
+        w(f"  capacity{per}: {plan.kv_cache_tokens:,} KV tokens ({plan.kv_bytes_per_token:,} bytes/token/GPU); "
           f"{plan.max_concurrency:.2f} concurrent requests of {plan.max_model_len:,} tokens\n")
     for note in plan.notes:
         w(f"  note: {note}\n")
@@ -317,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", choices=["text", "json"], default="text")
     run.add_argument("--verbose", action="store_true")
     _hub_arguments(run, operator=True)
+    run.add_argument("--hf-token-repo", action="append", default=[], metavar="PREFIX",
+                     help="an org (my-org) or repo id prefix (my-org/llama-) whose models the --hf-token-file token "
+                          "is sent for (repeatable); every other model is looked up anonymously, so the token tells "
+                          "tenants nothing of other private models (default: none); docs/security.md")
     run.add_argument("--prometheus-url", help="default Prometheus for autoscaling.source: Prometheus")
     run.add_argument("--allowed-config-url", action="append", default=[], metavar="PREFIX",
                      help="a URL prefix spec.model.configURL may name, beside the public Hub and --hf-endpoint "

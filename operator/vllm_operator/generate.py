@@ -12,6 +12,7 @@ From the API models (api/) and the chart's sources it writes:
   free-form: its children are not described in the schema);
 * ``charts/vllm-operator/files/argocd-health.lua`` and ``manifests/argocd-cm-patch.yaml``
   from ``operator/vllm_operator/argocd_health.lua``;
+* ``docs/reference.md``, the field reference, from the same schema as the CRD;
 * ``manifests/vllm-operator.yaml``, the kubectl bundle: the chart rendered by Helm's own
   Go code (helm-python-sdk, offline, as ``helm template`` does) with its default values,
   release ``vllm-operator`` in namespace ``vllm-operator``, plus that Namespace and the CRD.
@@ -265,6 +266,7 @@ def generated_files(root: Optional[Path] = None) -> dict[Path, str]:
         CHART / "values.schema.json": schema,
         CHART / "files" / "argocd-health.lua": lua,
         Path("manifests") / "argocd-cm-patch.yaml": argocd_cm_patch(lua),
+        Path("docs") / "reference.md": crd.field_reference(),
     }
     # Render from a copy of the chart that already holds the new schema, CRD and files.
     with tempfile.TemporaryDirectory(prefix="vllm-operator-chart-") as tmp:

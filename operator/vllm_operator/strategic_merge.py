@@ -115,7 +115,7 @@ def _merge_list(original: list[Any], patch: list[Any], key: str, path: str) -> l
     if any(isinstance(e, dict) and e.get(PATCH) == "replace" for e in patch):
         return [_strip(e, f"{path}[{i}]") for i, e in enumerate(patch)
                 if not (isinstance(e, dict) and e.get(PATCH) == "replace")]
-    position = {e[key]: i for i, e in enumerate(original) if isinstance(e, dict) and key in e}
+    position = {e[key]: i for i, e in enumerate(original) if isinstance(e, dict) and _is_key(e.get(key))}
     patched: list[tuple[Any, Any]] = []  # (position in the original or None, element)
     touched: set[Any] = set()
     for i, element in enumerate(patch):
@@ -123,6 +123,8 @@ def _merge_list(original: list[Any], patch: list[Any], key: str, path: str) -> l
         if not isinstance(element, dict) or key not in element:
             raise PatchError(where, f"each element needs its merge key {key!r}")
         name = element[key]
+        if not _is_key(name):
+            raise PatchError(f"{where}.{key}", f"the merge key {key!r} must be a string or an integer")
         if name in touched:
             raise PatchError(where, f"{key} {name!r} appears twice in the patch")
         touched.add(name)
@@ -132,7 +134,7 @@ def _merge_list(original: list[Any], patch: list[Any], key: str, path: str) -> l
         merged = _strip(element, where) if at is None else _merge_map(original[at], element, where)
         patched.append((at, merged))
     untouched = [(i, e) for i, e in enumerate(original)
-                 if not (isinstance(e, dict) and e.get(key) in touched)]
+                 if not (isinstance(e, dict) and _is_key(e.get(key)) and e.get(key) in touched)]
     out, i, j = [], 0, 0
     while i < len(patched) and j < len(untouched):
         if patched[i][0] is not None and untouched[j][0] < patched[i][0]:
@@ -142,6 +144,11 @@ def _merge_list(original: list[Any], patch: list[Any], key: str, path: str) -> l
             out.append(patched[i][1])
             i += 1
     return out + [e for _, e in patched[i:]] + [e for _, e in untouched[j:]]
+
+
+def _is_key(value: Any) -> bool:
+    """Whether a merge key's value is one Kubernetes has (a name or a port: a string or an integer)."""
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
 def _strip(value: Any, path: str) -> Any:

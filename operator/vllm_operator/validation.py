@@ -49,6 +49,21 @@ OWNED_FLAGS: dict[str, str] = {
     "--chat-template": "spec.engine.chatTemplate (checked before it is applied)",
     "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
     "--max-num-queued-reqs": "spec.engine.maxNumQueuedReqs (checked against the autoscaler's target)",
+    "--pipeline-parallel-size": "spec.nodes (pipeline stages across the nodes of a group)",
+    "-pp": "spec.nodes (pipeline stages across the nodes of a group)",
+    "--nnodes": "spec.nodes",
+    "-n": "spec.nodes",
+    "--node-rank": "spec.nodes (each pod's index in its LeaderWorkerSet group)",
+    "-r": "spec.nodes (each pod's index in its LeaderWorkerSet group)",
+    "--master-addr": "spec.nodes (the address of the group's leader)",
+    "--master-port": "spec.nodes (the group's coordination port)",
+    "--headless": "spec.nodes (a group's workers run headless)",
+    "--enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
+    "--no-enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
+    "--max-loras": "spec.engine.maxLoras (with spec.adapters)",
+    "--max-cpu-loras": "spec.adapters (every adapter stays in host memory)",
+    "--max-lora-rank": "spec.engine.maxLoraRank (with spec.adapters)",
+    "--lora-modules": "spec.adapters (loaded at runtime on every replica)",
 }
 
 #: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.
@@ -82,6 +97,21 @@ CREDENTIAL_FLAGS: dict[str, str] = {
                  "instead: vLLM reads the key from VLLM_API_KEY",
     "--hf-token": "set spec.hfTokenSecretRef instead: the operator passes the Secret's key as HF_TOKEN",
 }
+#: Flags of `vllm serve` that read a file named by their value (by their names in every release's snapshot:
+#: --config, --*-file, --*-path, --*-certfile, --*-keyfile, --*-ca-certs, --*-plugin, and --generation-config, a
+#: folder): what the file says would reach vLLM past these checks (--config splices its flags in, a chat template
+#: or a logging config is code), so extraArgs may not set them. Not files: --root-path (a URL prefix),
+#: --io-processor-plugin (a plugin's registered name).
+_FILE_FLAG = re.compile(r"^--(config|[a-z0-9-]*-(file|path|certfile|keyfile|ca-certs|plugin))$")
+_FILE_FLAGS_ALSO = frozenset({"--generation-config"})
+_NOT_FILE_FLAGS = frozenset({"--root-path", "--io-processor-plugin"})
+
+
+def reads_a_file(flag: str) -> bool:
+    """Whether a (normalised) flag of `vllm serve` reads a file its value names."""
+    return flag not in _NOT_FILE_FLAGS and (flag in _FILE_FLAGS_ALSO or bool(_FILE_FLAG.match(flag)))
+
+
 #: Flags the pod depends on (probes and Services): extraArgs may set them only with the escape-hatch
 #: annotation api.ALLOW_UNSAFE_ARGS_ANNOTATION (docs/security.md).
 UNSAFE_FLAGS = ("--host", "--port")
@@ -99,6 +129,24 @@ DEVICE_PLUGIN_ENV: dict[str, str] = {
                               "server every GPU of the node, including those allocated to other pods",
 }
 MAX_NAME_LENGTH = api.MAX_NAME_LENGTH
+#: The NVIDIA container toolkit reads every NVIDIA_* variable (NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES,
+#: NVIDIA_MIG_CONFIG_DEVICES, NVIDIA_IMEX_CHANNELS, ...) to decide what of the node a container sees.
+DEVICE_ENV_PREFIX = "NVIDIA_"
+
+
+def device_env(name: str) -> bool:
+    """Whether a variable of this name decides which devices a container sees (the device plugin's to set)."""
+    return name in DEVICE_PLUGIN_ENV or name.startswith(DEVICE_ENV_PREFIX)
+
+
+def device_env_prefix(prefix: str) -> bool:
+    """Whether envFrom with this prefix can make such a variable from some key of its ConfigMap or Secret (an empty
+    prefix can; NVIDIA_, NV or CUDA_ can; X cannot)."""
+    return (prefix.startswith(DEVICE_ENV_PREFIX) or DEVICE_ENV_PREFIX.startswith(prefix)
+            or any(name.startswith(prefix) for name in DEVICE_PLUGIN_ENV))
+#: Extended resources of NVIDIA's device plugin (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-...): only
+#: spec.gpu requests them.
+DEVICE_RESOURCE_PREFIX = "nvidia.com/"
 
 
 @dataclass(frozen=True)
@@ -107,6 +155,8 @@ class Problem:
 
     field: str
     message: str
+    reason: str = api.REASON_INVALID_SPEC
+    """The kind of problem (api.SPEC_REASONS): SpecValid's and Ready's reason when it is the first."""
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
@@ -372,6 +422,7 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         *autoscaling_problems(spec, default_prometheus_url, urls),
         *network_problems(spec),
         *cache_problems(spec),
+        *node_problems(spec),
         *credential_problems(spec),
         *flag_like_values(spec),
         *env_problems(spec),
@@ -479,13 +530,31 @@ def cache_problems(spec: VLLMServerSpec) -> list[Problem]:
     return []
 
 
+def node_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.nodes: a group of nodes is a LeaderWorkerSet of whole GPUs with no claim per pod (the CRD's rules)."""
+    if spec.nodes == 1:
+        return []
+    out = []
+    if spec.workload != "StatefulSet":
+        out.append(Problem("spec.nodes", "a server across nodes is a LeaderWorkerSet of groups (workload: "
+                           "StatefulSet); a DaemonSet runs one single-node server per matching node"))
+    if spec.gpu.mig_profile:
+        out.append(Problem("spec.nodes", "vLLM cannot run across nodes on MIG slices: use whole GPUs (gpu.count) "
+                           "or nodes: 1"))
+    if spec.cache is not None and spec.cache.size and not spec.cache.shared:
+        out.append(Problem("spec.cache.size", "a group of nodes gets no claim per pod: set cache.shared (one "
+                           "ReadWriteMany claim every node mounts) or cache.claimName"))
+    return out
+
+
 def env_problems(spec: VLLMServerSpec) -> list[Problem]:
     """spec.engine.env: nothing the device plugin or the operator owns, no credential in plaintext."""
     out = []
     for i, env in enumerate(spec.engine.env):
         where = f"spec.engine.env[{i}]"
-        if env.name in DEVICE_PLUGIN_ENV:
-            out.append(Problem(where, f"{env.name} may not be set: {DEVICE_PLUGIN_ENV[env.name]}. Choose the GPUs "
+        if device_env(env.name):
+            why = DEVICE_PLUGIN_ENV.get(env.name, DEVICE_PLUGIN_ENV["NVIDIA_VISIBLE_DEVICES"])
+            out.append(Problem(where, f"{env.name} may not be set: {why}. Choose the GPUs "
                                "with spec.gpu (count, product)"))
         elif env.name in OWNED_ENV:
             out.append(Problem(where, f"{env.name} is set by the operator; use hfTokenSecretRef for tokens and cache "
@@ -511,8 +580,10 @@ def unsupported_quantization(spec: VLLMServerSpec, snap: vllm_flags.Snapshot) ->
 def resource_problems(spec: VLLMServerSpec) -> list[Problem]:
     """spec.resources and the sizes elsewhere: no GPU resource by hand, no negative quantity."""
     out = []
+    # Every NVIDIA device resource, not only the one spec.gpu names: nvidia.com/gpu.shared beside gpu.count would
+    # hand the pod devices the plan, the quota's reading of spec.gpu and the admission policy never saw.
     gpu_resources = {k for k in [*spec.resources.requests, *spec.resources.limits]
-                     if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-") or k == spec.gpu.resource_name}
+                     if k.startswith(DEVICE_RESOURCE_PREFIX) or k == spec.gpu.resource_name}
     for key in sorted(gpu_resources):
         out.append(Problem("spec.resources", f"{key} comes from spec.gpu (count, migProfile, resourceName); remove it "
                            "from resources"))
@@ -544,14 +615,18 @@ def toleration_problems(spec: VLLMServerSpec) -> list[Problem]:
     return out
 
 
+def above_limit_problems(where: str, resources: api.ResourceOverrides) -> list[Problem]:
+    """Requests above their limits in one container's resources (`where`: the field path of the resources)."""
+    requests, limits = resources.requests, resources.limits
+    return [Problem(f"{where}.requests.{key}", f"{requests[key]} is above the limit {limits[key]}; Kubernetes refuses "
+                    "a request above its limit")
+            for key in sorted(set(requests) & set(limits)) if parse_quantity(requests[key]) > parse_quantity(limits[key])]
+
+
 def request_limit_problems(spec: VLLMServerSpec) -> list[Problem]:
     """spec.resources requests against limits, as Kubernetes checks them."""
-    out = []
+    out = above_limit_problems("spec.resources", spec.resources)
     requests, limits = spec.resources.requests, spec.resources.limits
-    for key in set(requests) & set(limits):
-        if parse_quantity(requests[key]) > parse_quantity(limits[key]):
-            out.append(Problem(f"spec.resources.requests.{key}", f"{requests[key]} is above the limit {limits[key]}; "
-                               "Kubernetes refuses a request above its limit"))
     for key, request in requests.items():
         if overcommittable(key):
             continue
@@ -647,7 +722,7 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
         refusal = None
         if loose and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
                 and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
-                and not (dotted and dotted in OWNED_FLAGS):
+                and not (dotted and dotted in OWNED_FLAGS) and not reads_a_file(normal):
             if not eq and i < len(extra) and _is_value(extra[i]):
                 i += len(_values(extra, i, info))
             continue
@@ -667,6 +742,9 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
             if action and action != normal:
                 refusal = f"{flag} is vLLM's other name for {action}, which is derived by the operator; set {owner} " \
                           "instead"
+        elif reads_a_file(normal):
+            refusal = (f"{flag} reads a file, whose contents would reach vLLM past the operator's checks (--config "
+                       "splices its flags in); set the flags themselves in extraArgs, or the spec's fields")
         elif info is None:
             refusal = f"vLLM {snap.version} has no flag {flag}: the server would exit with code 2 and crash-loop"
         if refusal:

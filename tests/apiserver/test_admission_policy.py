@@ -332,7 +332,11 @@ def test_allowlists_and_denied_label_prefixes(control_plane, namespace, policy):
             "spec.cache.claimName: other is not allowed")
     refused(create, server(image="docker.io/vllm/vllm-openai:v0.32.0",
                            podLabels={"app.kubernetes.io/name": "frontend", "team": "a"}),
-            "spec.podLabels: app.kubernetes.io/name not allowed")
+            "spec.podLabels, spec.podTemplatePatch.metadata.labels: app.kubernetes.io/name not allowed")
+    # ... and the same keys through the pod template patch (issue 18: the patch's labels passed by the policy)
+    refused(create, server(image="docker.io/vllm/vllm-openai:v0.32.0",
+                           podTemplatePatch={"metadata": {"labels": {"app.kubernetes.io/part-of": "billing"}}}),
+            "spec.podLabels, spec.podTemplatePatch.metadata.labels: app.kubernetes.io/part-of not allowed")
     admitted(create, server(image="docker.io/vllm/vllm-openai:v0.32.0", serviceAccountName="vllm",
                             priorityClassName="inference", cache={"claimName": "models"}, podLabels={"team": "a"}))
 
@@ -344,8 +348,12 @@ def test_allowlists_and_denied_label_prefixes(control_plane, namespace, policy):
                             sidecars=[{"name": "proxy", "image": "docker.io/vllm/vllm-openai:v0.32.0"}]))
 
     policy.install({"allowedPodLabelKeys": ["team"]})
-    refused(create, server(podLabels={"team": "a", "app": "frontend"}), "spec.podLabels: app not allowed",
+    refused(create, server(podLabels={"team": "a", "app": "frontend"}),
+            "spec.podLabels, spec.podTemplatePatch.metadata.labels: app not allowed",
             "admissionPolicy.allowedPodLabelKeys: team")
+    refused(create, server(podLabels={"team": "a"}, podTemplatePatch={"metadata": {"labels": {"app": "frontend"}}}),
+            "spec.podLabels, spec.podTemplatePatch.metadata.labels: app not allowed")
+    admitted(create, server(podLabels={"team": "a"}, podTemplatePatch={"metadata": {"labels": {"team": "b"}}}))
     admitted(create, server(podLabels={"team": "a"}))
 
 

@@ -1,4 +1,4 @@
-"""The autoscaler's writes against a real kube-apiserver 1.20 (no vLLM: a scripted metrics source).
+"""The autoscaler's writes against the test bed's real kube-apiserver (no vLLM: a scripted metrics source).
 
 The reconciler and the autoscaler run in-process, one step at a time, so each test can say
 exactly which write happened: who owns the StatefulSet's replicas when autoscaling is

@@ -30,8 +30,8 @@ class Helm:
     def __init__(self, cp, namespace: str):
         self.config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=cp.kubeconfig)
 
-    def install(self, release: str, values: dict) -> dict:
-        return asyncio.run(helm_sdkpy.Install(self.config).run(release, CHART, values=values, wait=False, timeout=120))
+    def install(self, release: str, values: dict, chart: str = CHART) -> dict:
+        return asyncio.run(helm_sdkpy.Install(self.config).run(release, chart, values=values, wait=False, timeout=120))
 
     def upgrade(self, release: str, values: dict) -> dict:
         return asyncio.run(helm_sdkpy.Upgrade(self.config).run(release, CHART, values=values, wait=False, timeout=120))
@@ -95,3 +95,21 @@ def test_upgrade_changes_the_deployment_and_uninstall_removes_everything(control
         wait_for(lambda: cp.kubectl("get", kind, name, "-n", ns, check=False).returncode != 0, 60, f"{kind} gone")
     # Helm never deletes what crds/ installed: VLLMServers survive an uninstall
     cp.kubectl("get", "crd", "vllmservers.vllm-operator.io")
+
+
+def test_an_umbrella_chart_installs_this_one_as_a_dependency(control_plane, namespace, tmp_path):
+    """A platform team's chart with this one under charts/, global values and a fullnameOverride (issue 20): Helm
+    validates each chart's values against its schema with the globals included, then installs."""
+    from tests.artefacts.test_packaging import _umbrella
+
+    cp, release = control_plane, release_name()
+    helm = Helm(cp, namespace)
+    result = helm.install(release, {"vllm-operator": {"fullnameOverride": release}}, chart=str(_umbrella(tmp_path)))
+    assert result["info"]["status"] == "deployed"
+    deployment = json.loads(cp.kubectl("get", "deployment", release, "-n", namespace, "-o", "json").stdout)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "mirror.example.com/vllm-operator/vllm-operator:0.1.0"
+    assert "vllm-operator.io/v1alpha1" in cp.kubectl("api-versions").stdout, "the subchart's CRD is installed"
+    helm.uninstall(release)
+    gone = cp.kubectl("get", "deployment", release, "-n", namespace, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr

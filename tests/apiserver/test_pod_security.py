@@ -25,13 +25,18 @@ CRD = ROOT / "crds" / "vllmservers.vllm-operator.io.yaml"
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml"))
 
 
-def rendered_pod(example: str, namespace: str) -> tuple[dict, dict]:
-    """The example's VLLMServer and a Pod made of its workload's template, as the controller would make it."""
+def rendered_pod(example: str, namespace: str, role: str = "leader") -> tuple[dict, dict]:
+    """The example's VLLMServer and a Pod made of its workload's template, as the controller would make it (for a
+    LeaderWorkerSet, the `role`'s template: leader or worker)."""
     doc = yaml.safe_load((ROOT / "examples" / example).read_text())
     out = subprocess.run([sys.executable, "-m", "vllm_operator.cli", "render", str(ROOT / "examples" / example)],
                          capture_output=True, text=True, timeout=120, check=True).stdout
-    workload = next(o for o in yaml.safe_load_all(out) if o and o["kind"] in ("StatefulSet", "DaemonSet"))
-    template = workload["spec"]["template"]
+    workload = next(o for o in yaml.safe_load_all(out)
+                    if o and o["kind"] in ("StatefulSet", "DaemonSet", "LeaderWorkerSet"))
+    if workload["kind"] == "LeaderWorkerSet":
+        template = workload["spec"]["leaderWorkerTemplate"][f"{role}Template"]
+    else:
+        template = workload["spec"]["template"]
     for claim in workload["spec"].get("volumeClaimTemplates") or []:  # the StatefulSet controller adds these
         name = claim["metadata"]["name"]
         template["spec"]["volumes"].append({"name": name, "persistentVolumeClaim": {"claimName": f"{name}-x-0"}})
@@ -50,16 +55,19 @@ def label_namespace(cp, namespace: str, level: str) -> None:
 def test_generated_pods_are_admitted_unless_the_spec_asks_for_host_namespaces(control_plane, namespace, example,
                                                                               level):
     label_namespace(control_plane, namespace, level)
-    doc, pod = rendered_pod(example, namespace)
-    asks_host = doc["spec"].get("ipc") == "Host" or doc["spec"].get("hostNetwork")
-    p = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
-    if asks_host:
-        assert p.returncode != 0 and "violates PodSecurity" in p.stderr, p.stderr
-        # ... and the operator's own reading of the level agrees with the API server's
-        assert podsecurity.violations(pod["spec"], level)
-    else:
-        assert p.returncode == 0, f"{example} under {level}: {p.stderr}"
-        assert podsecurity.violations(pod["spec"], level) == []
+    roles = ["leader", "worker"] if yaml.safe_load((ROOT / "examples" / example).read_text())["spec"].get(
+        "nodes", 1) > 1 else ["leader"]
+    for role in roles:  # a group's leader and worker pods alike
+        doc, pod = rendered_pod(example, namespace, role)
+        asks_host = doc["spec"].get("ipc") == "Host" or doc["spec"].get("hostNetwork")
+        p = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+        if asks_host:
+            assert p.returncode != 0 and "violates PodSecurity" in p.stderr, p.stderr
+            # ... and the operator's own reading of the level agrees with the API server's
+            assert podsecurity.violations(pod["spec"], level)
+        else:
+            assert p.returncode == 0, f"{example} {role} under {level}: {p.stderr}"
+            assert podsecurity.violations(pod["spec"], level) == []
 
 
 def test_our_reading_of_restricted_matches_the_api_servers(control_plane, namespace):

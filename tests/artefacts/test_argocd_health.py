@@ -83,7 +83,22 @@ def test_invalid_spec_is_degraded_with_the_operators_message(health):
     srv = world.reconcile()
     hs = health(srv)
     assert hs["status"] == "Degraded"
-    assert hs["message"].startswith("Invalid spec: ") and "spec.gpu.count" in hs["message"]
+    assert hs["message"].startswith("Invalid spec (InvalidSpec): ") and "spec.gpu.count" in hs["message"]
+
+
+@pytest.mark.parametrize("reason,changes", [
+    ("DoesNotFit", {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}}),  # 70B on one L4
+    ("ModelUnknown", {"model": {"name": "acme/not-in-the-catalog"}}),
+    ("GPUUnknown", {"gpu": {"count": 1, "product": "H100x"}}),
+])
+def test_an_invalid_new_server_is_degraded_with_the_cause_kubectl_get_shows(health, reason, changes):
+    """The same cause as Ready's reason (kubectl get's REASON column), and no last valid version it never had."""
+    srv = World(changes).reconcile()
+    ready = next(c for c in srv["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == reason
+    hs = health(srv)
+    assert hs["status"] == "Degraded" and hs["message"].startswith(f"Invalid spec ({reason}): spec."), hs
+    assert "last valid" not in hs["message"]
 
 
 def test_invalid_update_of_a_running_server_is_degraded(health):

@@ -130,6 +130,20 @@ def test_invalid_spec_is_failed_with_the_planners_message():
     assert v["status"] == "Failed" and "spec.gpu.count" in v["message"] and "attention heads" in v["message"], v
 
 
+@pytest.mark.parametrize("reason,changes", [
+    ("DoesNotFit", {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}}),  # 70B on one L4
+    ("ModelUnknown", {"model": {"name": "acme/not-in-the-catalog"}}),
+    ("GPUUnknown", {"gpu": {"count": 1, "product": "H100x"}}),
+])
+def test_an_invalid_new_server_is_failed_with_the_cause_kubectl_get_shows(reason, changes):
+    srv = World(changes).reconcile()
+    stalled = next(c for c in srv["status"]["conditions"] if c["type"] == "Stalled")
+    ready = next(c for c in srv["status"]["conditions"] if c["type"] == "Ready")
+    assert stalled["reason"] == ready["reason"] == reason
+    v = verdict(srv)
+    assert v["status"] == "Failed" and v["message"] == stalled["message"] and "spec." in v["message"], v
+
+
 def test_invalid_update_of_a_running_server_is_failed_then_current_once_fixed():
     world = ready_world()
     world.change_spec(engine={"extraArgs": ["--prefill-chunk-size", "512"]})

@@ -174,7 +174,8 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
         ("inference.networking.k8s.io", "inferencepools"): CHILD_VERBS,
         ("inference.networking.x-k8s.io", "inferenceobjectives"): {"get", "list", "watch"},
         ("gateway.networking.k8s.io", "httproutes"): CHILD_VERBS,
-        ("", "pods"): {"get", "list", "watch"},
+        ("leaderworkerset.x-k8s.io", "leaderworkersets"): CHILD_VERBS,
+        ("", "pods"): {"get", "list", "watch", "create"},
         ("", "events"): {"create", "list"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"get"},
@@ -182,6 +183,12 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
     (binding,) = by_kind(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vllm-operator", "namespace": "ops"}]
     assert "--disable-scanning" not in container(objects)["args"]
+
+
+def test_the_pod_security_dry_run_grant_can_be_left_out():
+    """rbac.podSecurityDryRun: false leaves pods read only (the reconciler then reads the namespace's label only)."""
+    (role,) = by_kind(render({"rbac": {"podSecurityDryRun": False}}), "ClusterRole")
+    assert rules(role)[("", "pods")] == {"get", "list", "watch"}
 
 
 def test_docs_rbac_table_is_the_charts_cluster_role():
@@ -421,3 +428,55 @@ def test_the_admission_policy_is_on_by_default_and_can_be_left_out():
     assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
     kinds = {o["kind"] for o in render({"admissionPolicy": {"enabled": False}})}
     assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+# --------------------------------------------------------------------------- as a dependency (a subchart)
+def _umbrella(tmp_path: Path) -> Path:
+    """An umbrella chart that depends on this one, as a platform team's chart does (charts/ vendored, as
+    `helm dependency build` leaves it)."""
+    umbrella = tmp_path / "platform"
+    (umbrella / "charts").mkdir(parents=True)
+    shutil.copytree(CHART, umbrella / "charts" / "vllm-operator")
+    (umbrella / "Chart.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v2", "name": "platform", "version": "1.0.0", "type": "application",
+        "dependencies": [{"name": "vllm-operator", "version": "0.1.0", "repository": "file://../vllm-operator"}]}))
+    (umbrella / "values.yaml").write_text(yaml.safe_dump({
+        "global": {"imageRegistry": "mirror.example.com", "imagePullSecrets": [{"name": "mirror"}],
+                   "storageClass": "fast"},  # a key of another subchart: accepted and ignored
+        "vllm-operator": {"fullnameOverride": "llm-operator"}}))
+    return umbrella
+
+
+def test_the_chart_as_a_dependency_takes_global_values_and_the_name_overrides(tmp_path):
+    objects = generate.render_chart(_umbrella(tmp_path), namespace="platform", release="platform")
+    d = deployment(objects)
+    assert d["metadata"]["name"] == "llm-operator"
+    pod = d["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "mirror.example.com/vllm-operator/vllm-operator:0.1.0"
+    assert pod["imagePullSecrets"] == [{"name": "mirror"}]
+    assert pod["serviceAccountName"] == "llm-operator"
+    assert {o["metadata"]["name"] for o in by_kind(objects, "ClusterRole")} >= {"llm-operator"}
+
+
+@pytest.mark.parametrize("values,name,label,image", [
+    ({}, "ops-vllm-operator", "vllm-operator", "ghcr.io/vllm-operator/vllm-operator:0.1.0"),
+    ({"nameOverride": "llm"}, "ops-llm", "llm", "ghcr.io/vllm-operator/vllm-operator:0.1.0"),
+    ({"fullnameOverride": "inference"}, "inference", "vllm-operator", "ghcr.io/vllm-operator/vllm-operator:0.1.0"),
+    ({"global": {"imageRegistry": "registry.local:5000/"}, "image": {"tag": "v1"}}, "ops-vllm-operator",
+     "vllm-operator", "registry.local:5000/vllm-operator/vllm-operator:v1"),
+    ({"global": {"imageRegistry": "mirror.io"}, "image": {"repository": "team/operator"}}, "ops-vllm-operator",
+     "vllm-operator", "mirror.io/team/operator:0.1.0"),  # a repository without a registry gets the prefix
+])
+def test_name_overrides_and_the_global_registry_standalone(values, name, label, image):
+    objects = render(values, release="ops")
+    d = deployment(objects)
+    assert d["metadata"]["name"] == name
+    assert d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == label
+    assert d["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+
+def test_notes_are_true_for_an_install_from_the_oci_registry():
+    """NOTES.txt names nothing that only a clone of the repository has."""
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert "from the vllm-operator repository" not in notes and "kubectl apply -f examples/" not in notes
+    assert "kubectl apply -f - <<" in notes and "kind: VLLMServer" in notes

@@ -78,7 +78,13 @@ def _workload_of(path: Path) -> str:
     return (yaml.safe_load(path.read_text())["spec"].get("workload") or "StatefulSet")
 
 
-STATEFULSET_EXAMPLES = [p for p in EXAMPLES if _workload_of(p) == "StatefulSet"]
+def _nodes_of(path: Path) -> int:
+    return int(yaml.safe_load(path.read_text())["spec"].get("nodes") or 1)
+
+
+#: Servers on one node each; those across nodes (a LeaderWorkerSet) are tests/unit/test_multinode.py's.
+SINGLE_NODE_EXAMPLES = [p for p in EXAMPLES if _nodes_of(p) == 1]
+STATEFULSET_EXAMPLES = [p for p in SINGLE_NODE_EXAMPLES if _workload_of(p) == "StatefulSet"]
 DAEMONSET_EXAMPLES = [p for p in EXAMPLES if _workload_of(p) == "DaemonSet"]
 
 
@@ -88,7 +94,7 @@ def _built(path: Path) -> tuple[Plan, list[dict]]:
     return plan, builders.build_all(plan)
 
 
-@pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.fixture(params=SINGLE_NODE_EXAMPLES, ids=[p.stem for p in SINGLE_NODE_EXAMPLES])
 def example(request) -> tuple[Plan, list[dict]]:
     return _built(request.param)
 
@@ -175,6 +181,22 @@ def test_cache_volume(cache, claim_templates, volume):
     assert volumes == ([volume] if volume else [])
     [c] = sts["spec"]["template"]["spec"]["containers"]
     assert {"name": "cache", "mountPath": builders.CACHE_MOUNT} in c["volumeMounts"]
+
+
+@pytest.mark.parametrize(("cache", "policy"), [
+    ({"size": "50Gi"}, {"whenDeleted": "Delete", "whenScaled": "Retain"}),  # the stated default
+    ({"size": "50Gi", "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain"}},
+     {"whenDeleted": "Retain", "whenScaled": "Retain"}),
+    ({"size": "50Gi", "persistentVolumeClaimRetentionPolicy": {"whenScaled": "Delete"}},
+     {"whenDeleted": "Delete", "whenScaled": "Delete"}),
+    ({"size": "50Gi", "shared": True}, None),  # one claim, owned by the server: deleted with it
+    ({"claimName": "models"}, None),  # an existing claim: never touched
+])
+def test_the_per_replica_cache_claims_retention_policy(cache, policy):
+    """docs/storage.md: what happens to the cache claims when a server is deleted or scaled down."""
+    sts = builders.build_statefulset(plan_spec(cache=cache))
+    assert sts["spec"].get("persistentVolumeClaimRetentionPolicy") == policy
+    assert sts["spec"]["template"]["spec"]["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
 
 
 # --------------------------------------------------------------------------- the pod
@@ -627,3 +649,32 @@ def test_escape_hatches_reach_the_pod():
     assert [n for n in plan.notes if n.startswith("startup probe budget 3600 s from spec.startupSeconds")]
     with pytest.raises(Exception):
         plan_spec(startupSeconds=10)  # below the CRD's minimum: no probe that kills a loading model at once
+
+
+def test_the_exposing_docs_name_the_service_the_operator_builds():
+    """docs/exposing.md: the client Service is the server's name, port 8000 named http, and VLLM_API_KEY from a
+    Secret reaches the vLLM container (a plain-text key and --api-key are refused)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "exposing.md").read_text()
+    docs = [d for block in re.findall(r"```yaml\n(.*?)```", text, re.S) for d in yaml.safe_load_all(block) if d]
+    env = next(d["spec"]["engine"]["env"] for d in docs if "engine" in d.get("spec", {}))
+    plan = plan_spec(name="llama-8b", engine={"env": env})
+    [svc] = [o for o in builders.build_all(plan) if o["kind"] == "Service" and o["spec"].get("clusterIP") != "None"]
+    assert svc["metadata"]["name"] == "llama-8b"
+    assert svc["spec"]["ports"][0] | {"protocol": "TCP"} == {"name": "http", "port": 8000, "targetPort": "http",
+                                                             "protocol": "TCP"}
+    ingress = next(d for d in docs if d["kind"] == "Ingress")
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "llama-8b", "port": {"name": "http"}}
+    route = next(d for d in docs if d["kind"] == "HTTPRoute")
+    assert route["spec"]["rules"][0]["backendRefs"] == [{"name": "llama-8b", "port": 8000}]
+    vllm = next(c for c in builders.build_statefulset(plan)["spec"]["template"]["spec"]["containers"]
+                if c["name"] == "vllm")
+    assert {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "llama-8b-api-key", "key": "key"}}} \
+        in vllm["env"]
+    for refused in ({"engine": {"env": [{"name": "VLLM_API_KEY", "value": "sk-0123456789abcdef"}]}},
+                    {"engine": {"extraArgs": ["--api-key", "sk-0123456789abcdef"]}}):
+        spec = {"model": {"name": "meta-llama/Llama-3.2-3B-Instruct"}, "gpu": {"count": 1, "product": "NVIDIA-L4"},
+                **refused}
+        assert not pipeline.plan_server("srv", "ns1", api.VLLMServerSpec.model_validate(spec)).fits, refused

@@ -46,7 +46,7 @@ def test_plan_table(capsys, path):
     name = yaml.safe_load(path.read_text())["metadata"]["name"]
     assert f"default/{name}:" in out and "[fits]" in out
     for needle in ("memory per GPU", "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs",
-                   "--max-num-batched-tokens", "capacity:", "KV tokens", "args: vllm serve"):
+                   "--max-num-batched-tokens", "capacity", "KV tokens", "args: vllm serve"):
         assert needle in out, needle
     assert "ERROR" not in out
 
@@ -104,7 +104,7 @@ def test_render_is_valid_multidoc_yaml(capsys, path):
     docs = list(yaml.safe_load_all(out))
     assert len(docs) >= 2
     kinds = [d["kind"] for d in docs]
-    assert "Service" in kinds and ("StatefulSet" in kinds or "DaemonSet" in kinds)
+    assert "Service" in kinds and ("StatefulSet" in kinds or "DaemonSet" in kinds or "LeaderWorkerSet" in kinds)
     for d in docs:
         assert d["apiVersion"] and d["metadata"]["name"] and d["metadata"]["namespace"]
 

@@ -316,3 +316,19 @@ def test_any_patch_is_refused_naming_a_field_or_builds_a_template_within_the_rul
 
 def podsecurity_ok(pod_spec: dict) -> bool:
     return podsecurity.beyond_the_spec(pod_spec, host_ipc=False, host_network=False) == []
+
+
+def test_a_request_above_its_limit_is_refused_by_the_operator_in_every_container():
+    """The operator's check, not the CRD's: a CEL rule comparing int-or-string quantities does not fit Kubernetes
+    1.30's cost budget (issue 20), so the spec's own resources and each extra container's are compared here."""
+    container = {"image": "x", "resources": {"requests": {"memory": "2Gi", "cpu": "500m"},
+                                             "limits": {"memory": "1Gi", "cpu": 1}}}
+    spec = api.VLLMServerSpec.model_validate({
+        "model": {"name": "meta-llama/Llama-3.2-3B-Instruct"}, "gpu": {"count": 1, "product": "NVIDIA-L4"},
+        "resources": {"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}},
+        "sidecars": [{"name": "s", **container}], "initContainers": [{"name": "i", **container}]})
+    problems = {p.field: p.message for p in pipeline.plan_server("srv", "ns", spec).problems}
+    for field in ("spec.resources.requests.memory", "spec.sidecars[0].resources.requests.memory",
+                  "spec.initContainers[0].resources.requests.memory"):
+        assert "above the limit" in problems[field], problems
+    assert not any(".cpu" in f for f in problems), "500m is below 1"

@@ -250,6 +250,7 @@ def test_the_reconciler_plans_a_gated_hub_model_once_the_operator_has_its_token(
     world = World({"model": {"name": LLAMA_GATED}})
     world.reconciler.hf_endpoint = stand_in.base
     world.reconciler.hf_token = hub.token_reader(str(token_file))
+    world.reconciler.hf_token_repos = (LLAMA_GATED.split("/")[0],)  # operator.hfTokenRepos
     world.reconciler.configs = model_facts.ConfigCache(clock=lambda: clock[0])
 
     status = world.reconcile()["status"]
@@ -301,3 +302,25 @@ def test_a_quantized_checkpoint_is_sized_as_stored_by_the_hubs_counts(tmp_path):
     assert estimated.weight_bytes_total != stored
     print(f"AWQ Qwen2.5-7B weights: stored {stored:,} B, estimated {estimated.weight_bytes_total:,} B "
           f"({(estimated.weight_bytes_total - stored) / stored:+.1%})")
+
+
+def test_the_operators_token_is_sent_only_for_the_repos_its_settings_list(stand_in, tmp_path):
+    """Issue 18: the operator's token answered for any repo a tenant named, an existence and architecture oracle for
+    the platform's private models. Now a repo outside operator.hfTokenRepos is looked up anonymously (none listed:
+    the token is sent for none), so a gated or private one is refused as for anyone."""
+    from e2e.testbed.memory_world import World
+    from vllm_operator.conditions import condition
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    for repos in ((), ("other-org",), (LLAMA_GATED.split("/")[0] + "x",)):
+        world = World({"model": {"name": LLAMA_GATED}})
+        world.reconciler.hf_endpoint = stand_in.base
+        world.reconciler.hf_token = hub.token_reader(str(token_file))
+        world.reconciler.hf_token_repos = repos
+        valid = condition(world.reconcile()["status"], "SpecValid")
+        assert valid["status"] == "False" and "operator.hfTokenRepos" in valid["message"], (repos, valid)
+    assert stand_in.authorizations and set(stand_in.authorizations) == {""}, "the token never went out"
+    assert hub.token_for("org/m", TOKEN, ("org",)) == TOKEN and hub.token_for("org/m", TOKEN, ("org/m",)) == TOKEN
+    assert hub.token_for("orgx/m", TOKEN, ("org",)) is False and hub.token_for("org/m", TOKEN, ()) is False
+    assert hub.token_for("any/m", TOKEN, None) == TOKEN  # the CLI: the user's own token

@@ -9,7 +9,8 @@ PACKAGE = ROOT / "operator" / "vllm_operator"
 
 def listed() -> set[str]:
     text = (ROOT / "README.md").read_text()
-    table = text[text.index("## Layout"):text.index("## Installing on a cluster")]
+    start = text.index("## Layout")
+    table = text[start:text.index("\n## ", start + 1)]
     return set(re.findall(r"^\| `([^`]+)`", table, flags=re.M))
 
 

@@ -285,3 +285,35 @@ def test_the_claims_refusal_is_recognised_in_both_wordings_and_nothing_else():
                                              "statefulset spec for fields other than 'replicas' ... are forbidden"))
     assert not immutable_claims_refused(err(422, 'spec.template.spec.containers[0].image: Required value'))
     assert not immutable_claims_refused(err(409, "volumeClaimTemplates field is immutable"))
+
+
+def test_an_invalid_new_server_names_its_cause_in_ready_and_never_a_last_valid_version():
+    """The first hour (issue 20): `kubectl get vllms` shows Ready's reason, so an invalid spec names its cause
+    there (DoesNotFit, ModelUnknown, GPUUnknown, InvalidSpec), and an object that never had a valid version is not
+    told that one keeps running."""
+    cases = {
+        "DoesNotFit": {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}},
+        "ModelUnknown": {"model": {"name": "acme/not-in-the-catalog"}},
+        "GPUUnknown": {"gpu": {"count": 1, "product": "H100x"}},
+        "InvalidSpec": {"gpu": {"count": 3, "product": "NVIDIA-L4"}},
+    }
+    for reason, changes in cases.items():
+        conditions = _conditions(World(changes))
+        for type_ in ("Ready", "Degraded"):
+            status, got, message = conditions[type_]
+            assert (status, got) == ("True" if type_ == "Degraded" else "False", reason), (changes, type_, got)
+            assert "last valid" not in message and "spec." in message, message
+        assert "nothing has been deployed" in conditions["Degraded"][2]
+
+
+def test_an_invalid_change_to_a_serving_server_shows_the_cause_while_the_last_valid_version_serves():
+    world = World()
+    world.reconcile()
+    world.workload_reports(ready=1)
+    assert _conditions(world)["Ready"][:2] == ("True", "AllReplicasReady")
+    world.change_spec(gpu={"count": 1, "product": "H100x"})
+    conditions = _conditions(world)
+    status, reason, message = conditions["Ready"]
+    assert (status, reason) == ("True", "GPUUnknown"), "the replicas of the last valid version still serve"
+    assert "the last valid version keeps running" in message and "spec.gpu.product" in message
+    assert "the last valid version keeps running" in conditions["Degraded"][2]

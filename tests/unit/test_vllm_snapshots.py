@@ -5,6 +5,8 @@ through vLLM's own parser: e2e/test_vllm_parser.py.
 
 from __future__ import annotations
 
+import re
+
 import itertools
 from pathlib import Path
 from typing import Any, get_args
@@ -33,6 +35,19 @@ SAMPLE = 500
 
 def plan_of(spec: dict[str, Any], name: str = "sweep") -> Plan:
     return pipeline.plan_server(name, "default", api.VLLMServerSpec.model_validate(spec))
+
+
+def kubelet_args(plan: Plan, rank: int = 0) -> list[str]:
+    """The args vLLM gets in a pod: a group's $(LWS_*) references expanded as the kubelet does from the variables
+    the LeaderWorkerSet controller sets (rank 0: the leader; another: a worker, which runs --headless)."""
+    env = {"LWS_WORKER_INDEX": str(rank), "LWS_LEADER_ADDRESS": f"{plan.name}-0.{plan.name}.{plan.namespace}"}
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in plan.args]
+    return args + (["--headless"] if rank else [])
+
+
+def pod_argvs(plans: list[Plan]) -> list[list[str]]:
+    """Each plan's leader (or only pod) args, in order, then a worker's for each plan across nodes."""
+    return [kubelet_args(p) for p in plans] + [kubelet_args(p, 1) for p in plans if p.nodes > 1]
 
 
 def example_plans() -> list[Plan]:

@@ -41,7 +41,12 @@ end
 local specValid = condition("SpecValid")
 if specValid ~= nil and specValid.status == "False" then
   hs.status = "Degraded"
-  hs.message = "Invalid spec: " .. message(specValid, "see the SpecValid condition")
+  -- the reason names the cause (InvalidSpec, DoesNotFit, ModelUnknown, GPUUnknown, ...), as kubectl get shows it
+  local reason = specValid.reason
+  if reason == nil or reason == "" then
+    reason = "InvalidSpec"
+  end
+  hs.message = "Invalid spec (" .. reason .. "): " .. message(specValid, "see the SpecValid condition")
   return hs
 end
 

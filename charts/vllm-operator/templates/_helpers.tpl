@@ -1,14 +1,41 @@
-{{/* The release's full name: the release name when it already says vllm-operator. */}}
+{{/* The chart's name, or nameOverride: the app.kubernetes.io/name label and the suffix of the full name. */}}
+{{- define "vllm-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's full name: fullnameOverride, else the release name when it already says the chart's name,
+else <release>-<name>. */}}
 {{- define "vllm-operator.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "vllm-operator.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
+{{/* The operator's image: image.repository (its registry replaced by global.imageRegistry when a parent chart
+sets one) and image.tag, the chart's appVersion when empty. */}}
+{{- define "vllm-operator.image" -}}
+{{- $repository := .Values.image.repository -}}
+{{- $registry := (.Values.global | default dict).imageRegistry -}}
+{{- if $registry -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) $repository -}}
+{{- end -}}
+{{- printf "%s:%s" $repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
 {{- define "vllm-operator.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "vllm-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
@@ -92,11 +119,19 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Pods, read only: readiness and crash-loop reasons for status, and which ready pods the
-# autoscaler scrapes.
+# LeaderWorkerSets of servers across nodes (spec.nodes > 1), managed like the children above; the
+# autoscaler patches their replicas. Not watched where LWS is not installed.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Pods: readiness and crash-loop reasons for status, and which ready pods the autoscaler scrapes
+# (get, list, watch); create (rbac.podSecurityDryRun) only for a server-side dry run (dryRun=All) of a server's first pod, so that
+# the API server's own Pod Security admission judges the final template before anything is applied
+# (controller/pod_admission.py). The operator never stores a Pod; create on pods grants no more than
+# create on statefulsets above already does (the StatefulSet controller creates whatever template it gets).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch"{{ if .Values.rbac.podSecurityDryRun }}, "create"{{ end }}]
 # Events: the reconciler's, the autoscaler's and kopf's own warnings (create); while a server is short of
 # replicas, the Warning events of its workload and pods (list: FailedCreate, failed probes) name the cause.
 - apiGroups: [""]

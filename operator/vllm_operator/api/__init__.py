@@ -14,7 +14,8 @@ from .names import (
     ALLOW_UNSAFE_ARGS_ANNOTATION, API_VERSION, Annotations, ByteSize, DEFAULT_IMAGE, DEFAULT_RUN_AS_USER,
     DNSSubdomain, DNS_SUBDOMAIN_PATTERN, FreeForm, GROUP, KIND, LABEL_VALUE_PATTERN, LabelValue, Labels,
     MAX_ANNOTATION_VALUE, MAX_EXPONENT, MAX_MAP_ENTRIES, MAX_NAME_LENGTH, MAX_QUANTITY, MIN_KUBERNETES_VERSION,
-    PLURAL, PodTemplatePatch, QUANTITY_PATTERN, Quantity, SHORT_NAMES, SINGULAR, VERSION, VLLM_PORT,
+    PLURAL, PodTemplatePatch, QUANTITY_PATTERN, Quantity, REASON_DOES_NOT_FIT, REASON_GPU_UNKNOWN,
+    REASON_INVALID_SPEC, REASON_MODEL_UNKNOWN, SHORT_NAMES, SINGULAR, SPEC_REASONS, VERSION, VLLM_PORT,
     VLLM_VERSION, _Model, _SUFFIX, allows_unsafe_args, cel, parse_kube_version, parse_quantity,
 )
 from .kube_types import (
@@ -24,8 +25,9 @@ from .kube_types import (
     SecretKeySelector, SecretVolumeSource, Toleration, Volume, VolumeMount,
 )
 from .spec import (
-    AUTOSCALING_TOLERANCE, AutoscalingSpec, ScaleToZeroSpec, CacheSpec, EngineSpec, GPUSpec, ModelArchitecture, ModelSpec,
-    NOT_A_FLAG_PATTERN, ObjectMeta, Quantization, VLLMServer, VLLMServerSpec, WorkloadProfile,
+    AUTOSCALING_TOLERANCE, AdapterSpec, ADAPTER_NAME_PATTERN, AutoscalingSpec, ScaleToZeroSpec, CacheSpec, ClaimRetentionPolicy,
+    EngineSpec, GPUSpec, ModelArchitecture, ModelSpec, MAX_ADAPTERS, NOT_A_FLAG_PATTERN, ObjectMeta, Quantization,
+    VLLMServer, VLLMServerSpec, WorkloadProfile,
     downloads_in_init_container, is_hub_model,
 )
 from .routing import (
@@ -33,7 +35,7 @@ from .routing import (
     owns_pool, pool_name,
 )
 from .status import (
-    AutoscalingStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
+    AdapterStatus, AutoscalingStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
 )
 
 __all__ = [
@@ -41,16 +43,18 @@ __all__ = [
     "DEFAULT_RUN_AS_USER", "DNSSubdomain", "DNS_SUBDOMAIN_PATTERN", "FreeForm", "GROUP", "KIND",
     "LABEL_VALUE_PATTERN", "LabelValue", "Labels", "MAX_ANNOTATION_VALUE", "MAX_EXPONENT", "MAX_MAP_ENTRIES",
     "MAX_NAME_LENGTH", "MAX_QUANTITY", "MIN_KUBERNETES_VERSION", "PLURAL", "PodTemplatePatch",
-    "QUANTITY_PATTERN", "Quantity", "SHORT_NAMES", "SINGULAR", "VERSION", "VLLM_PORT", "VLLM_VERSION", "_Model",
+    "QUANTITY_PATTERN", "Quantity", "REASON_DOES_NOT_FIT", "REASON_GPU_UNKNOWN", "REASON_INVALID_SPEC",
+    "REASON_MODEL_UNKNOWN", "SPEC_REASONS", "SHORT_NAMES", "SINGULAR", "VERSION", "VLLM_PORT", "VLLM_VERSION", "_Model",
     "_SUFFIX", "allows_unsafe_args", "cel", "parse_kube_version", "parse_quantity", "ClaimVolumeSource",
     "ConfigMapVolumeSource", "Container", "ContainerPort", "DNSLabel", "DNS_LABEL_PATTERN",
     "EmptyDirVolumeSource", "EnvVar", "EnvVarSource", "KeyToPath", "MAX_EXTRA_CONTAINERS", "MAX_EXTRA_VOLUMES",
     "OPERATOR_CONTAINERS", "OPERATOR_MOUNT_PATHS", "OPERATOR_VOLUMES", "OWNED_ENV", "ResourceOverrides",
     "SecretKeyRef", "SecretKeySelector", "SecretVolumeSource", "Toleration", "Volume", "VolumeMount",
-    "AUTOSCALING_TOLERANCE", "AutoscalingSpec", "CacheSpec", "EngineSpec", "GPUSpec", "ModelArchitecture",
+    "AUTOSCALING_TOLERANCE", "AdapterSpec", "ADAPTER_NAME_PATTERN", "MAX_ADAPTERS", "AutoscalingSpec", "CacheSpec",
+    "ClaimRetentionPolicy", "EngineSpec", "GPUSpec", "ModelArchitecture",
     "ModelSpec", "NOT_A_FLAG_PATTERN", "ObjectMeta", "Quantization", "VLLMServer", "VLLMServerSpec",
-    "WorkloadProfile", "downloads_in_init_container", "is_hub_model", "AutoscalingStatus", "Condition",
-    "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus", "DEFAULT_PICKER_IMAGE", "HTTPRouteSpec",
-    "InferencePoolSpec", "MAX_POOL_NAME", "PickerSpec", "RoutingSpec", "ScaleToZeroSpec", "ScorerWeights",
-    "owns_pool", "pool_name",
+    "WorkloadProfile", "downloads_in_init_container", "is_hub_model", "AdapterStatus", "AutoscalingStatus", "Condition",
+    "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus",
+    "DEFAULT_PICKER_IMAGE", "HTTPRouteSpec", "InferencePoolSpec", "MAX_POOL_NAME", "PickerSpec", "RoutingSpec",
+    "ScaleToZeroSpec", "ScorerWeights", "owns_pool", "pool_name",
 ]

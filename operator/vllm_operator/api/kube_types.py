@@ -41,9 +41,9 @@ class EnvVar(_Model):
     """An environment variable for the vLLM container: a plain value, or a Secret reference for credentials."""
 
     model_config = ConfigDict(json_schema_extra=_rules(
-        cel("!(self.name in " + repr(list(OWNED_ENV)) + ")",
+        cel("!(self.name in " + repr(list(OWNED_ENV)) + ") && !self.name.startsWith('NVIDIA_')",
             "this variable is set by the operator (HOME, HF_HOME, HF_TOKEN: use spec.cache and spec.hfTokenSecretRef) or "
-            "by the NVIDIA device plugin (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES: use spec.gpu)", ".name"),
+            "by the NVIDIA device plugin and container toolkit (CUDA_VISIBLE_DEVICES, NVIDIA_*: use spec.gpu)", ".name"),
         cel("!has(self.valueFrom) || !has(self.value) || self.value == ''",
             "set value or valueFrom, not both", ".value"),
     ))
@@ -97,13 +97,16 @@ class ResourceOverrides(_Model):
     """Host CPU/memory for the vLLM container; the GPU count always comes from gpu.count."""
 
     model_config = ConfigDict(json_schema_extra=_rules(
-        cel("!has(self.requests) || !('nvidia.com/gpu' in self.requests)",
-            "nvidia.com/gpu comes from spec.gpu.count; remove it from resources", ".requests"),
-        cel("!has(self.limits) || !('nvidia.com/gpu' in self.limits)",
-            "nvidia.com/gpu comes from spec.gpu.count; remove it from resources", ".limits"),
-        cel("!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits) || "
-            "!quantity(string(self.requests[k])).isGreaterThan(quantity(string(self.limits[k]))))",
-            "a request is above its limit; Kubernetes refuses a request above its limit", ".requests"),
+        # Every NVIDIA device resource (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-...): only spec.gpu asks.
+        cel("!has(self.requests) || self.requests.all(k, !k.startsWith('nvidia.com/'))",
+            "nvidia.com/ device resources come from spec.gpu (count, migProfile, resourceName); remove them from "
+            "resources", ".requests"),
+        cel("!has(self.limits) || self.limits.all(k, !k.startsWith('nvidia.com/'))",
+            "nvidia.com/ device resources come from spec.gpu (count, migProfile, resourceName); remove them from "
+            "resources", ".limits"),
+        # Requests above limits are the operator's to refuse (validation.request_limit_problems, SpecValid=False):
+        # a CEL rule comparing quantity(string(...)) of int-or-string values costs Kubernetes 1.30's estimator the
+        # whole 3 MB request per value, and the CRD no longer fit its cost budget.
     ))
 
     requests: Annotated[dict[str, Quantity], AfterValidator(_check_resource_names)] = Field(

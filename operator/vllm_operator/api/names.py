@@ -41,6 +41,15 @@ def allows_unsafe_args(metadata: Any) -> bool:
     return isinstance(annotations, dict) and str(annotations.get(ALLOW_UNSAFE_ARGS_ANNOTATION, "")).lower() == "true"
 
 
+#: Why a spec cannot be deployed: the reason of SpecValid=False, of Ready and Stalled while it is so, and so the
+#: Reason column of `kubectl get vllms` (docs/failures.md#invalid-spec). The first problem the planner finds decides.
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_DOES_NOT_FIT = "DoesNotFit"
+REASON_MODEL_UNKNOWN = "ModelUnknown"
+REASON_GPU_UNKNOWN = "GPUUnknown"
+SPEC_REASONS = (REASON_INVALID_SPEC, REASON_DOES_NOT_FIT, REASON_MODEL_UNKNOWN, REASON_GPU_UNKNOWN)
+
+
 #: The oldest Kubernetes the operator runs on (README, the chart's kubeVersion, checked at start): CRD validation
 #: rules with fieldPath and the quantity library, ValidatingAdmissionPolicy v1 (1.30), policy/v1, autoscaling/v2.
 #: The tests run on the release tools/testbed/kube/go.mod pins.

@@ -9,6 +9,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    model_validator,
 )
 
 from .names import (
@@ -146,6 +147,49 @@ def downloads_in_init_container(model: ModelSpec) -> bool:
     return model.download == "InitContainer" and is_hub_model(model.name)
 
 
+# --------------------------------------------------------------------------- adapters
+#: Most adapters one server serves (spec.adapters): each is a served model name, a load call on every replica and
+#: a row of status.adapters.
+MAX_ADAPTERS = 32
+#: An adapter's name: a served model name clients put in the OpenAI API's "model" field (vLLM takes any string;
+#: these characters keep it one path segment, one URL-safe token and one line in status and Events).
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+#: An adapter's source: a Hugging Face repo id (org/name) or an absolute path in the pod (no '..', no control
+#: characters).
+ADAPTER_SOURCE_PATTERN = r"^(/[^\x00-\x1f\x7f]*|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)$"
+
+
+class AdapterSpec(_Model):
+    """A LoRA adapter of the served model, loaded on every replica at runtime (docs/adapters.md)."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.revision) || !self.source.startsWith('/')",
+            "a revision names a commit of a Hub repo; a path has none", ".revision"),
+        cel("!self.source.contains('/../') && !self.source.endsWith('/..')", "a path without '..'", ".source"),
+    ))
+
+    @model_validator(mode="after")
+    def _no_parent_segments(self) -> "AdapterSpec":
+        if "/../" in self.source or self.source.endswith("/.."):
+            raise ValueError("source: a path without '..'")
+        if self.revision is not None and self.source.startswith("/"):
+            raise ValueError("revision: names a commit of a Hub repo; a path has none")
+        return self
+
+    name: str = Field(..., min_length=1, max_length=64, pattern=ADAPTER_NAME_PATTERN)
+    """The served model name clients use in the OpenAI API's "model" field for this adapter; letters, digits, '.',
+    '_' and '-', unique in the server and not the base model's served name."""
+    source: str = Field(..., min_length=3, max_length=512, pattern=ADAPTER_SOURCE_PATTERN)
+    """Where the adapter is: a Hugging Face repo id (org/name; vLLM downloads it into the model cache) or an
+    absolute path in the pod, a directory holding adapter_config.json and the weights: in the model cache volume
+    (/cache/...) or a volume of spec.volumes (an existing claim, a ConfigMap). No '..'."""
+    revision: Optional[str] = Field(None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    """Hub source only: the branch, tag or commit the planner reads adapter_config.json at (default: main)."""
+    rank: Optional[int] = Field(None, ge=1, le=512)
+    """The adapter's LoRA rank (adapter_config.json's r). Read from the Hub when omitted; required for a path in
+    the cache, which the planner cannot read. A larger rank in adapter_config.json wins."""
+
+
 # --------------------------------------------------------------------------- gpu
 class GPUSpec(_Model):
     """The NVIDIA GPUs each server gets."""
@@ -158,7 +202,8 @@ class GPUSpec(_Model):
     ))
 
     count: int = Field(1, ge=1, le=64)
-    """GPUs per server (nvidia.com/gpu); also the tensor-parallel size. 1 with migProfile."""
+    """GPUs per server (nvidia.com/gpu), per node with nodes > 1; also the tensor-parallel size (times nodes with
+    crossNodeParallelism: Tensor). 1 with migProfile."""
     product: Optional[str] = Field(None, min_length=1, max_length=128)
     """GPU product: a GPU feature discovery label (nvidia.com/gpu.product, e.g. NVIDIA-L4, with GFD's -SHARED
     or -MIG-<profile> suffix where the nodes have one), an alias (L4, A100-80GB; any case) or a family (H100:
@@ -236,6 +281,13 @@ class EngineSpec(_Model):
     chat_template: Optional[str] = Field(None, min_length=1, max_length=65536, alias="chatTemplate")
     """A Jinja2 chat template (--chat-template) instead of the model's own; rendered with a sample conversation in
     the sandbox vLLM uses before anything is applied, so one that does not parse or raises is refused here."""
+    max_loras: Optional[int] = Field(None, ge=1, le=32, alias="maxLoras")
+    """With spec.adapters: adapters one batch may use at once, each in a GPU slot of maxLoraRank (--max-loras);
+    default 4, whatever the number of adapters (a changed flag restarts the pods). Each slot costs GPU memory
+    (status.plan.estimates.loraBytesPerGpu)."""
+    max_lora_rank: Optional[int] = Field(None, ge=1, le=512, alias="maxLoraRank")
+    """With spec.adapters: the rank every slot is sized for (--max-lora-rank), one of the image's vLLM release's
+    choices and at least the largest adapter's rank; default: the smallest such choice, at least 16."""
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, alias="extraArgs", max_length=128)
     """More vLLM flags, passed verbatim after the derived ones; a flag the operator derives is refused here."""
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
@@ -243,6 +295,19 @@ class EngineSpec(_Model):
 
 
 # --------------------------------------------------------------------------- storage / secrets
+class ClaimRetentionPolicy(_Model):
+    """What happens to the per-replica cache claims (cache.size without shared): the StatefulSet's
+    persistentVolumeClaimRetentionPolicy. The default deletes them with the server and keeps them when it scales
+    down, so a replica that comes back finds its model already downloaded."""
+
+    when_deleted: Literal["Retain", "Delete"] = Field("Delete", alias="whenDeleted")
+    """Delete (the default): deleting the server deletes its cache claims (and so, with a Delete reclaim policy,
+    their volumes). Retain: they stay, with the downloaded model, until deleted by hand (docs/storage.md)."""
+    when_scaled: Literal["Retain", "Delete"] = Field("Retain", alias="whenScaled")
+    """Retain (the default): a replica removed by a scale-down keeps its claim for when it comes back. Delete: its
+    claim is deleted with it."""
+
+
 class CacheSpec(_Model):
     """The Hugging Face cache volume (HF_HOME): a new claim per replica (size), one new claim every replica shares
     (size and shared: ReadWriteMany, the model downloaded once), or an existing claim (claimName)."""
@@ -269,6 +334,11 @@ class CacheSpec(_Model):
     """Storage class of the new claim; the cluster default when omitted."""
     claim_name: Optional[DNSSubdomain] = Field(None, alias="claimName")
     """An existing PersistentVolumeClaim to mount instead (ReadWriteMany or ReadOnlyMany for several replicas)."""
+    persistent_volume_claim_retention_policy: ClaimRetentionPolicy = Field(
+        default_factory=ClaimRetentionPolicy, alias="persistentVolumeClaimRetentionPolicy")
+    """What happens to the per-replica claims (size, not shared) when the server is deleted or scaled down; the
+    default is whenDeleted: Delete, whenScaled: Retain. The shared claim is always deleted with the server, and a
+    claimName is never touched."""
 
 
 # --------------------------------------------------------------------------- autoscaling
@@ -345,6 +415,15 @@ class VLLMServerSpec(_Model):
             "a DaemonSet cannot create a claim per pod; set cache.shared (one ReadWriteMany claim for every node) "
             "or use cache.claimName (ReadWriteMany or ReadOnlyMany)",
             ".cache.size"),
+        cel("self.nodes == 1 || self.workload == 'StatefulSet'",
+            "a server across nodes is a LeaderWorkerSet of groups (workload: StatefulSet); a DaemonSet runs one "
+            "single-node server per matching node", ".nodes"),
+        cel("self.nodes == 1 || !has(self.gpu) || !has(self.gpu.migProfile)",
+            "vLLM cannot run across nodes on MIG slices: use whole GPUs (gpu.count) or nodes: 1", ".nodes"),
+        cel("self.nodes == 1 || !has(self.cache) || !has(self.cache.size) "
+            "|| (has(self.cache.shared) && self.cache.shared)",
+            "a group of nodes gets no claim per pod: set cache.shared (one ReadWriteMany claim every node mounts) "
+            "or cache.claimName", ".cache.size"),
     ))
 
     model: ModelSpec
@@ -361,7 +440,17 @@ class VLLMServerSpec(_Model):
     replicas: int = Field(1, ge=0, le=1000)
     """Replicas of a StatefulSet when autoscaling is off."""
     gpu: GPUSpec = Field(default_factory=GPUSpec)
-    """GPUs per server."""
+    """GPUs per server (per node of the server with nodes > 1)."""
+    nodes: int = Field(1, ge=1, le=64)
+    """Nodes one server spans, each with gpu.count GPUs (docs/multi-node.md). Above 1 the server is a group: a
+    LeaderWorkerSet (sigs.k8s.io/lws, installed in the cluster) whose leader serves the API and whose workers run
+    vLLM headless; replicas and autoscaling count groups. The model is split across the nodes as crossNodeParallelism
+    says."""
+    cross_node_parallelism: Literal["Pipeline", "Tensor"] = Field("Pipeline", alias="crossNodeParallelism")
+    """How a server with nodes > 1 splits the model across its nodes: Pipeline (default: the layers in one stage
+    per node, --pipeline-parallel-size nodes, tensor parallelism over gpu.count inside each node), or Tensor
+    (--tensor-parallel-size gpu.count x nodes: every layer sharded over every GPU of the group, which needs a fast
+    interconnect between the nodes, InfiniBand or RoCE; the plan warns)."""
     ipc: Literal["Host", "SharedMemory"] = "SharedMemory"
     """Shared memory for tensor parallelism: the host's IPC namespace, or an in-memory /dev/shm volume."""
     shm_size: Optional[ByteSize] = Field(None, alias="shmSize")
@@ -372,6 +461,11 @@ class VLLMServerSpec(_Model):
     """The traffic to size the engine for."""
     engine: EngineSpec = Field(default_factory=EngineSpec)
     """Engine settings that override derived ones."""
+    adapters: list[AdapterSpec] = Field(default_factory=list, max_length=MAX_ADAPTERS,
+                                        json_schema_extra=_list_map("name"))
+    """LoRA adapters of the model, served under their own names beside it: planned (rank, memory), loaded and
+    unloaded on every ready replica at runtime without a restart, their state in status.adapters
+    (docs/adapters.md)."""
     cache: Optional[CacheSpec] = None
     """Hugging Face cache volume; an emptyDir when omitted (the model is downloaded at every start)."""
     hf_token_secret_ref: Optional[SecretKeyRef] = Field(None, alias="hfTokenSecretRef")

@@ -270,23 +270,26 @@ class Autoscaler:
             return self._report(body, None, now, "InvalidSpec", "; ".join(problems))
 
         uid = body["metadata"]["uid"]
-        sts = self.reader.children(self.namespace, self.name, uid, kinds=[STATEFULSET]).get(
-            ("StatefulSet", self.name))
+        # A server across nodes scales by group: its LeaderWorkerSet's replicas, on its leaders' queues.
+        api_version, kind = (builders.LWS_API_VERSION, builders.LWS_KIND) if spec.nodes > 1 else STATEFULSET
+        sts = self.reader.children(self.namespace, self.name, uid, kinds=[(api_version, kind)]).get(
+            (kind, self.name))
         if sts is not None:
             self._uncached = None
         elif self._uncached is not None and now - self._uncached[0] < UNCACHED_GET_SECONDS:
             sts = self._uncached[1]  # asked a moment ago; the reader shows ours as soon as it exists
         else:  # not created yet, or someone else's: ask the API server who holds the name
-            sts = self.kube.get("apps/v1", "StatefulSet", self.namespace, self.name)
+            sts = self.kube.get(api_version, kind, self.namespace, self.name)
             self._uncached = (now, sts)
         if sts is None or sts["metadata"].get("deletionTimestamp"):
-            return self._report(body, None, now, "NoWorkload", "the StatefulSet does not exist yet")
+            return self._report(body, None, now, "NoWorkload", f"the {kind} does not exist yet")
         if not controlled_by(sts, uid):
             return self._report(body, None, now, "NoWorkload",
-                                f"StatefulSet {self.name} is not controlled by this VLLMServer; not touching it")
+                                f"{kind} {self.name} is not controlled by this VLLMServer; not touching it")
         current = (sts.get("spec") or {}).get("replicas", 1)
 
-        pods = self.reader.pods(self.namespace, self.name)
+        pods = [p for p in self.reader.pods(self.namespace, self.name)  # a group's workers serve no queue
+                if (p["metadata"].get("labels") or {}).get(builders.ROLE_LABEL) != "worker"]
         groups = classify_pods(pods, now)
         starting = len(groups.starting) + self._missing_replicas(current, pods, now)
         source, described = self.sources.for_spec(a)
@@ -320,7 +323,7 @@ class Autoscaler:
             telemetry.record_at_max_replicas(self.namespace, self.name, at_max_replicas(decision))
         last_scale = (body.get("status") or {}).get("autoscaling", {}).get("lastScaleTime")
         if decision.desired != current:
-            self.kube.apply({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            self.kube.apply({"apiVersion": api_version, "kind": kind,
                              "metadata": {"name": self.name, "namespace": self.namespace},
                              "spec": {"replicas": decision.desired}}, field_manager=FIELD_MANAGER)
             result.scaled = True

@@ -39,7 +39,8 @@ def replicas_owners(obj: dict[str, Any]) -> set[str]:
 
 def adopt_replicas(kube: Kube, sts: dict[str, Any], min_replicas: int, max_replicas: Optional[int],
                    reconciler_manager: str) -> Optional[int]:
-    """Make sure someone besides the reconciler owns the StatefulSet's replicas before the
+    """Make sure someone besides the reconciler owns the StatefulSet's (or a group's LeaderWorkerSet's) replicas
+    before the
     reconciler stops sending them: apply the live count (clamped to [min, max]) under the
     autoscaler's field manager. Returns the count applied, or None when nothing was needed
     (the autoscaler, an HPA or a person already owns the field)."""
@@ -48,7 +49,7 @@ def adopt_replicas(kube: Kube, sts: dict[str, Any], min_replicas: int, max_repli
     live = (sts.get("spec") or {}).get("replicas", 1)
     replicas = max(min_replicas, min(live, max(min_replicas, max_replicas or min_replicas)))
     meta = sts["metadata"]
-    kube.apply({"apiVersion": "apps/v1", "kind": "StatefulSet",
+    kube.apply({"apiVersion": sts.get("apiVersion", "apps/v1"), "kind": sts.get("kind", "StatefulSet"),
                 "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
                 "spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER)
     return replicas
@@ -64,7 +65,7 @@ def clear_status(kube: Kube, body: dict[str, Any]) -> None:
 
     A JSON patch with a `test` before each removal, so it removes exactly what was read (a
     concurrent change fails it, 422, and the next pass retries). An empty server-side apply
-    would be the natural way, but kube-apiserver 1.20 leaves ``autoscaling: null`` behind,
+    would be the natural way, but the API server can leave ``autoscaling: null`` behind,
     which the schema then refuses.
     """
     status = body.get("status") or {}

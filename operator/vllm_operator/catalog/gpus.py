@@ -323,7 +323,7 @@ class GPUSelection:
     memory_source: str = ""
     memory_estimated: bool = False
     notes: tuple[str, ...] = ()
-    problems: tuple[tuple[str, str], ...] = ()
+    problems: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def description(self) -> str:
@@ -348,10 +348,11 @@ class _Draft:
 
     gpu: api.GPUSpec
     notes: list[str] = field(default_factory=list)
-    problems: list[tuple[str, str]] = field(default_factory=list)
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
+    """(field, message, reason): reason api.REASON_GPU_UNKNOWN where the catalog cannot size the GPU."""
 
-    def problem(self, where: str, message: str) -> None:
-        self.problems.append((where, message))
+    def problem(self, where: str, message: str, reason: str = api.REASON_INVALID_SPEC) -> None:
+        self.problems.append((where, message, reason))
 
     def done(self, **fields) -> GPUSelection:
         return GPUSelection(requested=self.gpu.product, convention=self.gpu.label_convention,
@@ -406,10 +407,11 @@ def _without_product(draft: _Draft, mig: Optional[str], resource: str) -> GPUSel
         if mig:
             known = ", ".join(mig_profiles())
             draft.problem("spec.gpu.memory", f"no catalog GPU has MIG profile {mig} (known: {known}); set "
-                          f"gpu.product, or gpu.memory to the slice's memory (nvidia-smi mig -lgip shows it)")
+                          f"gpu.product, or gpu.memory to the slice's memory (nvidia-smi mig -lgip shows it)",
+                          api.REASON_GPU_UNKNOWN)
         else:
             draft.problem("spec.gpu.memory", "no gpu.product: set gpu.product (NVIDIA-L4, L4, H100, ...) or "
-                          "gpu.memory to one GPU's memory (for example 24Gi)")
+                          "gpu.memory to one GPU's memory (for example 24Gi)", api.REASON_GPU_UNKNOWN)
     return draft.done(resource=resource, requirements=requirements, products=products, mig_profile=mig,
                       memory_bytes=memory, memory_source=source, memory_estimated=estimated)
 
@@ -424,7 +426,8 @@ def _unknown_product(draft: _Draft, mig: Optional[str], resource: str) -> GPUSel
         example = _example_memory(near, product)
         draft.problem("spec.gpu.product", f"{product!r} is not a GPU the catalog knows{hint}. gpu.product takes a "
                       f"GPU feature discovery label (NVIDIA-L4), an alias (L4, A100-80GB) or a family (H100); to "
-                      f"keep this name, set gpu.memory to one GPU's memory (for example {example})")
+                      f"keep this name, set gpu.memory to one GPU's memory (for example {example})",
+                      api.REASON_GPU_UNKNOWN)
         return draft.done(resource=resource, mig_profile=mig)
     value = "-".join(product.split()) if gpu.label_convention == "GFD" else product  # GFD: NVML spaces as dashes
     if len(value) > 63 or not _LABEL_VALUE.match(value):
@@ -484,7 +487,7 @@ def _known_product(draft: _Draft, match: GPUMatch, mig: Optional[str], single: b
     if memory is None and gpu.memory is None and not draft.problems:
         draft.problem("spec.gpu.memory", f"the catalog has no memory figure for MIG profile {mig} on "
                       f"{', '.join(g.product for g in reach)}; set gpu.memory to the slice's memory "
-                      "(nvidia-smi mig -lgip shows it)")
+                      "(nvidia-smi mig -lgip shows it)", api.REASON_GPU_UNKNOWN)
     _explain(draft, match, requirements, reach, memory, source, estimated)
     return draft.done(resource=resource, requirements=requirements, products=reach, mig_profile=mig,
                       memory_bytes=memory, memory_source=source, memory_estimated=estimated)
@@ -530,7 +533,8 @@ def _with_mig(draft: _Draft, match: GPUMatch, mig: Optional[str]) -> tuple[GPUIn
     if draft.gpu.memory is None:
         names = ", ".join(g.product for g in match.products)
         draft.problem("spec.gpu.migProfile", f"the catalog has no MIG profiles for {names}: if it has {mig}, set "
-                      "gpu.memory to the slice's memory (nvidia-smi mig -lgip shows it)")
+                      "gpu.memory to the slice's memory (nvidia-smi mig -lgip shows it)",
+                      api.REASON_GPU_UNKNOWN)
     return match.products
 
 

@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import api, builders, documents, pipeline, planner, podsecurity
-from . import failures, kvcapacity, replan
+from .. import adapters as lora, api, builders, documents, pipeline, planner, podsecurity
+from . import adapters, failures, kvcapacity, replan
+from .pod_admission import PodAdmission
 from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
 from ..kube import apierrors, events
 from ..sources import model_facts, vllm_metrics
@@ -35,10 +36,13 @@ log = logging.getLogger("vllm_operator.controller.reconcile")
 #: Status fields this reconciler owns (server-side apply on /status under its field manager);
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
-              "kvCapacity")
+              "kvCapacity", "adapters", "servedModels")
 OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
-                  "PlanOutdated", "Routing", EXTRA_ARGS_UNCHECKED)
+                  "PlanOutdated", EXTRA_ARGS_UNCHECKED, "AdaptersReady", "Routing")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
+#: The kinds that run the pods: a server's one workload.
+WORKLOAD_KINDS = ("StatefulSet", "DaemonSet", builders.LWS_KIND)
+LWS_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
 #: How long a namespace's labels (its Pod Security level) are trusted: a no-op resync reads none.
@@ -50,7 +54,7 @@ NAME_CONFLICT = "NameConflict"
 #: changes.
 BLOCKED_REASONS = (NAME_CONFLICT, apierrors.API_REJECTED)
 #: Status fields an invalid spec leaves as they are: what the last valid spec deployed still serves.
-KEPT_WHILE_INVALID = ("selector", "endpoint", "plan", "kvCapacity")
+KEPT_WHILE_INVALID = ("selector", "endpoint", "plan", "kvCapacity", "adapters", "servedModels")
 
 
 #: The Routing condition's reason where the cluster lacks the Inference Extension's or Gateway API's CRDs.
@@ -150,7 +154,8 @@ class Refusal:
 
 
 def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """Desired/ready/updated counts of the StatefulSet or DaemonSet and whether it has settled."""
+    """Desired/ready/updated counts of the StatefulSet, DaemonSet or LeaderWorkerSet (groups) and whether it has
+    settled."""
     if workload is None:
         return {"desired": 0, "ready": 0, "updated": 0, "settled": False}
     st = workload.get("status") or {}
@@ -161,12 +166,32 @@ def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
         updated = st.get("updatedReplicas", 0)
         revision_ok = st.get("currentRevision") == st.get("updateRevision") or updated >= desired
         settled = gen_ok and ready >= desired and updated >= desired and revision_ok and st.get("replicas", 0) == desired
+    elif workload["kind"] == builders.LWS_KIND:  # counted in groups: a group is ready when all its pods are
+        desired = workload["spec"].get("replicas", 1)
+        ready = st.get("readyReplicas", 0)
+        updated = st.get("updatedReplicas", 0)
+        settled = gen_ok and ready >= desired and updated >= desired and st.get("replicas", 0) == desired
     else:
         desired = st.get("desiredNumberScheduled", 0)
         ready = st.get("numberReady", 0)
         updated = st.get("updatedNumberScheduled", 0)
         settled = gen_ok and ready >= desired and updated >= desired
     return {"desired": desired, "ready": ready, "updated": updated, "settled": settled}
+
+
+def pod_templates(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod templates of a workload: a LeaderWorkerSet's leader and worker, another kind's one."""
+    if workload["kind"] == builders.LWS_KIND:
+        group = workload["spec"]["leaderWorkerTemplate"]
+        return [t for t in (group.get("leaderTemplate"), group.get("workerTemplate")) if t]
+    return [workload["spec"]["template"]]
+
+
+def lws_missing_message(spec: api.VLLMServerSpec) -> str:
+    return (f"spec.nodes {spec.nodes} runs each replica as a group of {spec.nodes} pods on a LeaderWorkerSet, but "
+            f"this cluster does not serve {builders.LWS_API_VERSION} LeaderWorkerSets: install LeaderWorkerSet "
+            "(sigs.k8s.io/lws, v0.8.0 or later: kubectl apply --server-side -f https://github.com/kubernetes-sigs/"
+            "lws/releases/download/v0.8.0/manifests.yaml), or set nodes: 1. Nothing is applied until then")
 
 
 # --------------------------------------------------------------------------- reconciler
@@ -233,6 +258,9 @@ class Reconciler:
     hf_endpoint: Optional[str] = None
     #: The operator's own Hub token, read at each reconcile (hub.token_reader); False: none.
     hf_token: Callable[[], Union[str, bool]] = lambda: False
+    #: The orgs and repo prefixes the operator's Hub token is sent for (hub.token_for); others are looked up
+    #: anonymously. Empty: the token is sent for none.
+    hf_token_repos: tuple[str, ...] = ()
     prometheus_url: Optional[str] = None
     clock: Callable[[], str] = utcnow
     fetch_config: Optional[Callable[..., dict]] = None
@@ -252,7 +280,14 @@ class Reconciler:
     #: The KV cache capacity vLLM allocated on the ready pods (kvcapacity.py), for status.kvCapacity; None: not
     #: reported.
     kv_capacity: Optional[vllm_metrics.Observations] = None
+    #: Loads and unloads spec.adapters on the ready pods (controller/adapters.py), for status.adapters; None: the
+    #: adapters are planned but not loaded (tests that build a Reconciler).
+    adapter_sync: Optional[adapters.AdapterSync] = None
+    #: The API server's Pod Security admission asked by a dry run of the first pod (pod_admission.py); None: the
+    #: offline reading of the namespace's label only (tests with an in-memory API).
+    pod_admission: Optional[PodAdmission] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
+    _lws: Optional[tuple[bool, float]] = field(default=None, repr=False)
     #: group version -> (served, when asked): the Inference Extension's and Gateway API's (routing.py's kinds).
     _served: dict[str, tuple[bool, float]] = field(default_factory=dict, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
@@ -268,7 +303,7 @@ class Reconciler:
         return [("v1", "Service"), ("v1", "PersistentVolumeClaim"), ("apps/v1", "StatefulSet"),
                 ("apps/v1", "DaemonSet"), ("policy/v1", "PodDisruptionBudget"),
                 ("autoscaling/v2", "HorizontalPodAutoscaler"), (KEDA_API_VERSION, "ScaledObject"),
-                *ROUTING_KINDS]
+                (builders.LWS_API_VERSION, builders.LWS_KIND), *ROUTING_KINDS]
 
     def serves_api(self, group_version: str) -> bool:
         """Whether the cluster serves an optional API (discovery, cached briefly: it may be installed later)."""
@@ -284,6 +319,14 @@ class Reconciler:
         if self._keda is None or now - self._keda[1] > DISCOVERY_TTL_SECONDS:
             self._keda = (self.kube.serves(KEDA_API_VERSION), now)
         return self._keda[0]
+
+    def serves_lws(self) -> bool:
+        """Whether the cluster serves the LeaderWorkerSet API (discovery, cached briefly: it may be installed
+        later)."""
+        now = time.monotonic()
+        if self._lws is None or now - self._lws[1] > DISCOVERY_TTL_SECONDS:
+            self._lws = (self.kube.serves(builders.LWS_API_VERSION), now)
+        return self._lws[0]
 
     # ---- entry point
     def reconcile(self, namespace: str, name: str) -> Optional[Result]:
@@ -321,11 +364,16 @@ class Reconciler:
         run.spec = spec
         run.plan = pipeline.plan_server(run.name, run.namespace, spec, hf_endpoint=self.hf_endpoint,
                                         hf_token=self.hf_token() if self.hf_endpoint else False,
+                                        hf_token_repos=self.hf_token_repos,
                                         default_prometheus_url=self.prometheus_url,
                                         allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
                                         configs=self.configs, urls=self.urls, **kwargs)
         run.errors = [str(p) for p in run.plan.problems]
         if run.errors:
+            run.reason = run.plan.problems[0].reason
+            return
+        if builders.is_group(spec) and not self.serves_lws():
+            run.errors, run.reason = [lws_missing_message(spec)], LWS_NOT_INSTALLED
             return
         desired = builders.build_all(run.plan, run.body)
         replan.mark_requested(run.body, desired)
@@ -347,18 +395,28 @@ class Reconciler:
         if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
             run.result.events.append(("Warning", run.reason, message))
         live = self._live_children(run.namespace, run.name, run.uid)
-        workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+        workload = next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
         progress = workload_progress(workload)
-        run.conditions.set("Degraded", "True", run.reason,
-                           "the spec cannot be deployed; the last valid version keeps running: " + message)
+        serving = ("the last valid version keeps running" if workload is not None
+                   else "nothing has been deployed")  # a new object never had a valid version
+        run.conditions.set("Degraded", "True", run.reason, f"the spec cannot be deployed; {serving}: {message}")
         self._ready_conditions(run, progress, workload, stalled=True)
+        # Ready's reason is the cause (the Reason column of kubectl get): its status still counts the replicas of
+        # the last valid version, if any.
+        ready = run.conditions.get("Ready")
+        if workload is None:
+            run.conditions.set("Ready", "False", run.reason, "the spec cannot be deployed: " + message)
+        elif ready is not None:
+            run.conditions.set("Ready", ready.status, run.reason, f"{ready.message}; the last valid version "
+                               f"keeps running, this spec cannot be deployed: {message}")
         # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
         # waiting out its timeout on Ready=False; present while the spec is invalid or Degraded is True.
         run.conditions.set("Stalled", "True", run.reason, message)
         kept = api.VLLMServerStatus.from_live({k: run.status[k] for k in KEPT_WHILE_INVALID if k in run.status})
         return api.VLLMServerStatus(observed_generation=run.generation, replicas=progress["desired"],
                                     ready_replicas=progress["ready"], selector=kept.selector,
-                                    endpoint=kept.endpoint, plan=kept.plan, kv_capacity=kept.kv_capacity)
+                                    endpoint=kept.endpoint, plan=kept.plan, kv_capacity=kept.kv_capacity,
+                                    adapters=kept.adapters, served_models=kept.served_models)
 
     def _deploy(self, run: Pass) -> api.VLLMServerStatus:
         """A valid spec: apply what is not live yet, prune what is no longer wanted, and read how the workload and
@@ -374,7 +432,7 @@ class Reconciler:
         taken = self._names_taken(run.desired, live, run.uid)
         if taken:  # never adopted: apply nothing (and prune nothing); what was deployed keeps running
             blocked: Optional[tuple[str, str]] = (NAME_CONFLICT, name_conflict_message(taken, run.name))
-            workload = next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+            workload = next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
         else:
             workload, blocked = self._apply_children(run, live)
         if blocked is None:
@@ -392,11 +450,12 @@ class Reconciler:
         plan = api.PlanStatus.model_validate(run.plan.status())
         if run.result.outdated is not None and "plan" in run.status:
             plan = api.PlanStatus.from_live(run.status["plan"])  # the plan the running pods were deployed with
+        rows, served = self._adapters(run, pods)
         return api.VLLMServerStatus(
             observed_generation=run.generation, replicas=progress["desired"], ready_replicas=progress["ready"],
             selector=builders.selector_string(run.name) if serves else None,
             endpoint=f"http://{run.name}.{run.namespace}.svc:{builders.PORT}/v1" if serves else None,
-            plan=plan, kv_capacity=self._kv_capacity(run, pods))
+            plan=plan, kv_capacity=self._kv_capacity(run, pods), adapters=rows, served_models=served)
 
     def _report(self, run: Pass, status: api.VLLMServerStatus) -> None:
         """The conditions this reconciler owns into the status, which is written when it changed; the Events of
@@ -461,6 +520,31 @@ class Reconciler:
             return None
         return api.KVCapacityStatus.from_live(previous) if kv is previous else api.KVCapacityStatus.model_validate(kv)
 
+    def _adapters(self, run: Pass, pods: list[dict[str, Any]]
+                  ) -> tuple[Optional[list[api.AdapterStatus]], Optional[list[str]]]:
+        """status.adapters and servedModels from what the ready pods list (the sync loads and unloads in the
+        background: controller/adapters.py), the AdaptersReady condition, and a Warning event for each new
+        failure."""
+        assert run.spec is not None
+        spec = run.spec
+        if not spec.adapters or self.adapter_sync is None:
+            run.conditions.remove("AdaptersReady")
+            return None, None
+        wanted = tuple((a.name, a.source) for a in spec.adapters)
+        refs = vllm_metrics.ready_pods(pods)
+        known = self.adapter_sync.observe(run.namespace, run.name, refs, adapters.incarnations(pods), wanted)
+        rows = lora.adapter_rows([a.name for a in spec.adapters], known)
+        previous = {r.get("name"): r.get("lastError") for r in run.status.get("adapters") or [] if isinstance(r, dict)}
+        sources = {a.name: a.source for a in spec.adapters}
+        for row in rows:
+            if row.get("lastError") and row["lastError"] != previous.get(row["name"]):
+                run.result.events.append(("Warning", "AdapterLoadFailed", f"adapter {row['name']} "
+                                          f"({sources[row['name']]}) did not load on {row['lastError']}; the model "
+                                          "and the other adapters keep serving"))
+        run.conditions.set("AdaptersReady", *lora.condition(rows))
+        return ([api.AdapterStatus.model_validate(r) for r in rows],
+                lora.served_models(spec.model.served_name or spec.model.name, rows))
+
     def _names_taken(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
                      uid: str) -> list[dict[str, Any]]:
         """The wanted children whose name is taken by an object this server does not control. Only a child not
@@ -501,7 +585,7 @@ class Reconciler:
                     return workload or self._live_workload(live, current), (apierrors.API_REJECTED, held.message)
                 # The autoscaler owns the replicas of an autoscaled StatefulSet: make it a co-owner
                 # before this apply stops sending them, or the server would drop them (back to 1).
-                autoscaled = obj["kind"] == "StatefulSet" and not builders.owns_replicas(spec)
+                autoscaled = obj["kind"] in ("StatefulSet", builders.LWS_KIND) and not builders.owns_replicas(spec)
                 if autoscaled and current is not None:
                     self._adopt_replicas(current, spec)
                 try:
@@ -526,7 +610,7 @@ class Reconciler:
                 if autoscaled and current is None:
                     self._adopt_replicas(applied, spec)
                 result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
-            if obj["kind"] in ("StatefulSet", "DaemonSet"):
+            if obj["kind"] in WORKLOAD_KINDS:
                 workload = applied
         return workload, None
 
@@ -534,9 +618,9 @@ class Reconciler:
     def _live_workload(live: dict[tuple[str, str], dict[str, Any]],
                        current: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
         """The workload still running when an apply stopped short: the one being applied, or another kind's."""
-        if current is not None and current["kind"] in ("StatefulSet", "DaemonSet"):
+        if current is not None and current["kind"] in WORKLOAD_KINDS:
             return current
-        return next((o for o in live.values() if o["kind"] in ("StatefulSet", "DaemonSet")), None)
+        return next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
 
     def _prune(self, namespace: str, unwanted: dict[tuple[str, str], dict[str, Any]], result: Result) -> None:
         """Delete children this server controls but no longer wants (`unwanted` holds only objects with its
@@ -549,15 +633,21 @@ class Reconciler:
             result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
 
     def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
-        """Why the namespace's Pod Security level would refuse the workload's pods, if it would."""
+        """Why the namespace's Pod Security level would refuse the workload's pods, if it would: the offline reading
+        of the namespace's label first, then the API server's own admission by a dry run (pod_admission.py)."""
         level = podsecurity.enforced_level(self.namespace_labels(namespace))
-        if level is None:
-            return None
         for obj in desired:
-            if obj["kind"] in ("StatefulSet", "DaemonSet"):
-                found = podsecurity.violations(obj["spec"]["template"]["spec"], level)
-                if found:
-                    return podsecurity.message(namespace, level, found)
+            if obj["kind"] in WORKLOAD_KINDS:
+                for template in pod_templates(obj):  # a LeaderWorkerSet's leader and worker
+                    found = podsecurity.violations(template["spec"], level,
+                                                   template["metadata"].get("annotations"))
+                    if found:
+                        return podsecurity.message(namespace, level or "", found)
+                    if self.pod_admission is not None:
+                        one = {**obj, "spec": {**obj["spec"], "template": template}}
+                        why = self.pod_admission.refusal(self.kube, one)
+                        if why is not None:
+                            return why
         return None
 
     def namespace_labels(self, namespace: str) -> Optional[dict[str, str]]:
@@ -667,9 +757,10 @@ class Reconciler:
             return
         if workload is None:
             conditions.set("Ready", "False", "NoWorkload", "no workload has been created")
-            conditions.set("Progressing", "False" if stalled else "True", "InvalidSpec" if stalled else "Creating",
+            conditions.set("Progressing", "False" if stalled else "True", run.reason if stalled else "Creating",
                            "waiting for a valid spec" if stalled else "creating the workload")
             return
+        unit = "groups" if workload["kind"] == builders.LWS_KIND else "replicas"  # a group is a replica of nodes
         if desired == 0 and workload["kind"] == "DaemonSet":
             # A DaemonSet's count is the nodes it matches: zero is not a choice but a cluster that has
             # no such node (a GPU product label that no node carries, a taint not tolerated).
@@ -688,13 +779,13 @@ class Reconciler:
         elif desired == 0:
             ready_c = ("True", "ScaledToZero", "no replicas requested")
         elif ready >= desired:
-            ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} replicas ready")
+            ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} {unit} ready")
         elif ready > 0:
-            ready_c = ("False", "PartiallyReady", f"{ready}/{desired} replicas ready")
+            ready_c = ("False", "PartiallyReady", f"{ready}/{desired} {unit} ready")
         elif trouble is not None:  # named: what keeps every replica from serving
-            ready_c = ("False", trouble.reason, f"0/{desired} replicas ready: {trouble.message}")
+            ready_c = ("False", trouble.reason, f"0/{desired} {unit} ready: {trouble.message}")
         else:
-            ready_c = ("False", "NoReplicasReady", f"0/{desired} replicas ready (models load for minutes)")
+            ready_c = ("False", "NoReplicasReady", f"0/{desired} {unit} ready (models load for minutes)")
         conditions.set("Ready", *ready_c)
         if progress["settled"]:
             prog = ("False", "Stable", f"{workload['kind']} is up to date")

@@ -31,6 +31,7 @@ PLURALS = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("apps/v1", "Deployment"): "deployments",

@@ -16,6 +16,12 @@ from .memory import KVLayout
 
 
 DEFAULT_PORT = api.VLLM_PORT
+#: The port a group's leader coordinates its nodes on (vLLM's --master-port: torch.distributed's TCP store).
+COORDINATION_PORT = 29500
+#: The variables the LeaderWorkerSet controller puts into every pod of a group; the kubelet expands $(NAME) in
+#: the container's args from them.
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ class Memory:
     non_torch: int
     kv_cache: int
     cuda_graphs: int
+    lora: int = 0
+    """The LoRA adapters' GPU slots (adapters.LoRALayout), allocated before the KV cache is sized."""
 
     @property
     def free_after(self) -> int:
@@ -60,6 +68,12 @@ class Plan:
     gpu_memory: Optional[int] = None
     gpu_source: str = ""
     tensor_parallel_size: int = 1
+    nodes: int = 1
+    """Nodes one server (a group, above 1) spans: spec.nodes."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages, one per node with crossNodeParallelism Pipeline."""
+    stage_layers: int = 0
+    """The most layers one pipeline stage holds (with nodes > 1)."""
     args: list[str] = field(default_factory=list)
     decisions: list[FlagDecision] = field(default_factory=list)
     memory: Optional[Memory] = None
@@ -70,6 +84,8 @@ class Plan:
     max_num_batched_tokens: int = 0
     gpu_memory_utilization: float = 0.0
     weight_bytes_total: int = 0
+    stage_weight_bytes: int = 0
+    """The weights one node loads: all of them on one node, its stage's share across nodes."""
     shm_bytes: int = 0
     host_memory_bytes: int = 0
     cpu_request: int = 0
@@ -97,14 +113,16 @@ class Plan:
     def max_concurrency(self) -> float:
         return self.kv_cache_tokens / self.max_model_len if self.max_model_len else 0.0
 
-    def problem(self, field_path: str, message: str) -> None:
-        self.problems.append(Problem(field_path, message))
+    def problem(self, field_path: str, message: str, reason: str = api.REASON_INVALID_SPEC) -> None:
+        self.problems.append(Problem(field_path, message, reason))
 
     def estimates(self) -> dict[str, Any]:
         """The estimates in the API's camelCase shape (status.plan.estimates, plan -o json)."""
         m = self.memory
         return {
             "tensorParallelSize": self.tensor_parallel_size,
+            "pipelineParallelSize": self.pipeline_parallel_size if self.nodes > 1 else None,
+            "nodes": self.nodes if self.nodes > 1 else None,
             "gpuMemoryBytes": self.gpu_memory,
             "weightBytesPerGpu": m.weights if m else None,
             "activationBytesPerGpu": m.activation if m else None,
@@ -116,6 +134,7 @@ class Plan:
             "maxConcurrency": round(self.max_concurrency, 2) if self.max_model_len else None,
             "gpuMemoryUtilization": self.gpu_memory_utilization or None,
             "startupSeconds": self.startup_seconds or None,
+            "loraBytesPerGpu": (m.lora or None) if m else None,
         }
 
     def status(self) -> dict[str, Any]:
@@ -145,6 +164,8 @@ class Sizing:
     batched: int = 0
     batched_why: str = ""
     kv: int = 0
+    #: the LoRA adapters' slots per GPU (adapters.LoRALayout; 0 without spec.adapters)
+    lora: int = 0
     kv_dtype: str = "auto"
     layout: Optional[KVLayout] = None
     #: tokens a sliding window keeps beside it (scheduled, not yet settled)

@@ -5,9 +5,9 @@ release notes, queue cap, shutdown, overrides, args)."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, cast
 
-from .. import api, vllm_flags
+from .. import adapters as lora, api, vllm_flags
 from ..api import AUTOSCALING_TOLERANCE, VLLMServerSpec, parse_quantity
 from ..catalog import Architecture, ResolvedModel
 from ..catalog.gpus import GPUSelection, select_gpu
@@ -20,7 +20,9 @@ from .memory import (
     mm_limits, non_torch_bytes, rotary_cache_bytes, runs_v2, tokens_in_flight, tp_shards_evenly, valid_tp_sizes, vision_item,
     vision_profile_bytes, weight_bytes, weights_quantization,
 )
-from .plan_types import DEFAULT_PORT, FlagDecision, Memory, Plan, Sizing
+from .lora import plan_adapters
+from .plan_types import (COORDINATION_PORT, DEFAULT_PORT, LEADER_ADDRESS_ENV, WORKER_INDEX_ENV, FlagDecision, Memory,
+                         Plan, Sizing)
 
 
 # --------------------------------------------------------------------------- planning
@@ -43,13 +45,15 @@ def plan(
     default_prometheus_url: Optional[str] = None,
     allow_unsafe_args: bool = False,
     urls: Optional[URLPolicy] = None,
+    adapter_facts: Optional[dict[str, lora.AdapterFacts]] = None,
 ) -> Plan:
     """Derive the vLLM args and estimates for one server. Pure; never raises on bad input.
 
     `gpu`: spec.gpu resolved by gpus.select_gpu (resolved here when not given).
     `allow_unsafe_args`: the VLLMServer carries api.ALLOW_UNSAFE_ARGS_ANNOTATION, so extraArgs may set
     --host/--port (the container port then follows --port). `urls`: the operator's URL settings (None: the
-    offline CLI, which fetches nothing for anyone else).
+    offline CLI, which fetches nothing for anyone else). `adapter_facts`: each spec.adapters entry's
+    adapter_config.json as the pipeline read it (by adapter name; a missing one was not read).
 
     The named steps below run in order (numbered in their docstrings); each records its flags (`decisions`),
     notes and problems on the plan, and sizing stops at the first step that finds the server cannot run."""
@@ -62,10 +66,13 @@ def plan(
     s = Sizing(arch=model.complete, elem=dtype_bytes(spec, model),
                terms=profile_terms(image_vllm_version(spec.image)))
     plan_tensor_parallel(p, s)
+    if not plan_stages(p, s):
+        return p
     if not plan_memory_budget(p, s):
         return p
     plan_weights(p, s)
     plan_batch(p, s)
+    plan_adapters(p, s, adapter_facts or {})
     if not plan_kv_cache(p, s):
         return p
     plan_max_model_len(p, s)
@@ -86,32 +93,123 @@ def check_inputs(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[
                                  allow_unsafe_args=allow_unsafe_args, urls=urls, checked=p.flags))
     if allow_unsafe_args:
         unsafe_overrides(p)
-    p.tensor_parallel_size = spec.gpu.count
+    p.nodes = spec.nodes
+    if spec.nodes > 1 and spec.cross_node_parallelism == "Tensor":
+        p.tensor_parallel_size = spec.gpu.count * spec.nodes
+    else:
+        p.tensor_parallel_size, p.pipeline_parallel_size = spec.gpu.count, spec.nodes
     p.gpu = gpu if gpu is not None else select_gpu(spec.gpu)
-    p.problems.extend(Problem(where, message) for where, message in p.gpu.problems)
+    p.problems.extend(Problem(where, message, reason) for where, message, reason in p.gpu.problems)
     p.notes.extend(p.gpu.notes)
     p.problems.extend(hardware_problems(spec, p.gpu, p.flags.snapshot if p.flags else None,
                                         mla=bool(p.model is not None and p.model.architecture.kv_lora_rank)))
     p.gpu_memory, p.gpu_source = resolve_gpu_memory(spec, p.gpu)
     if p.model is None:
-        p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}")
+        p.problem(model_error_field, model_error or f"no architecture for {spec.model.name}", api.REASON_MODEL_UNKNOWN)
     if p.gpu_memory is not None and p.gpu_memory < GiB:
         p.problem("spec.gpu.memory", f"{spec.gpu.memory} is less than 1Gi: not a GPU vLLM can serve from")
         p.gpu_memory = None
 
 
 def plan_tensor_parallel(p: Plan, s: Sizing) -> None:
-    """2. --tensor-parallel-size: gpu.count, which must divide the attention heads and share the KV heads."""
+    """2. --tensor-parallel-size: gpu.count (times nodes with crossNodeParallelism Tensor), which must divide the
+    attention heads and share the KV heads."""
     arch, tp = s.arch, p.tensor_parallel_size
-    valid = ", ".join(str(d) for d in valid_tp_sizes(arch))
+    across = tp != p.spec.gpu.count
+    where = "spec.nodes" if across else "spec.gpu.count"
+    source = f"gpu.count x nodes ({p.spec.gpu.count} x {p.nodes}, crossNodeParallelism Tensor)" if across else "gpu.count"
+    valid = ", ".join(str(d) for d in valid_tp_sizes(arch, 64 if across else 16))
     if arch.num_attention_heads % tp:
-        p.problem("spec.gpu.count", f"tensor parallelism over {tp} GPUs must divide the model's "
+        p.problem(where, f"tensor parallelism over {tp} GPUs must divide the model's "
                   f"{arch.num_attention_heads} attention heads; use one of {valid}")
     elif not tp_shards_evenly(arch, tp):
-        p.problem("spec.gpu.count", f"{tp} GPUs cannot share the model's {arch.num_kv_heads} KV heads evenly "
+        p.problem(where, f"{tp} GPUs cannot share the model's {arch.num_kv_heads} KV heads evenly "
                   f"(vLLM fails loading the weights); use one of {valid}")
-    p.decisions.append(FlagDecision("--tensor-parallel-size", str(tp), f"gpu.count: shard the model over {tp} GPU(s) "
+    p.decisions.append(FlagDecision("--tensor-parallel-size", str(tp), f"{source}: shard the model over {tp} GPU(s) "
                                 f"({arch.num_attention_heads} heads / {tp} = {arch.num_attention_heads / tp:g} per GPU)"))
+
+
+def stage_sizes(layers: int, stages: int) -> list[int]:
+    """How vLLM splits `layers` over `stages` pipeline stages (distributed/utils.py get_pp_indices): evenly, the
+    remainder one layer each to the stages before the last (which holds the LM head)."""
+    sizes = [layers // stages] * stages
+    for i in range(2, layers % stages + 2):
+        sizes[-i] += 1
+    return sizes
+
+
+def stage_architecture(arch: Architecture, layers: int) -> Architecture:
+    """The model as one pipeline stage of `layers` layers holds it: the KV cache and its layout per GPU follow the
+    stage's layers (sliding-window layers in the same proportion)."""
+    sliding = arch.sliding_window_layers
+    if sliding is not None:
+        sliding = min(layers, math.ceil(sliding * layers / arch.num_layers))
+    return cast(Architecture, cast(api.ModelArchitecture, arch).model_copy(
+        update={"num_layers": layers, "sliding_window_layers": sliding}))
+
+
+def stage_weight_bytes(total: int, arch: Architecture, stages: int, layers: int, elem: int) -> int:
+    """The weights of the largest pipeline stage (of `layers` layers): its share of the layers' weights, plus one
+    vocabulary x hidden matrix (the embedding on the first stage, the LM head on the last; a tied head is loaded
+    again on the last stage). All of them with one stage."""
+    if stages == 1:
+        return total
+    matrix = arch.vocab_size * arch.hidden_size * elem
+    embeddings = matrix * (1 if arch.tie_word_embeddings else 2)
+    body = max(0, total - embeddings)
+    return math.ceil(body * layers / arch.num_layers) + matrix
+
+
+def plan_stages(p: Plan, s: Sizing) -> bool:
+    """2b. A server across nodes: the pipeline stages (one per node, the layer split checked against the model's
+    layer count; each GPU then holds its stage's share of the weights and the KV cache of its stage's layers) and
+    vLLM's multi-node flags, which the kubelet completes from the LeaderWorkerSet's variables. False when the
+    model has fewer layers than stages."""
+    if p.nodes == 1:
+        return True
+    arch, pp, nodes = s.arch, p.pipeline_parallel_size, p.nodes
+    if pp > arch.num_layers:
+        p.problem("spec.nodes", f"{pp} pipeline stages need at least one of the model's {arch.num_layers} layers "
+                  f"each: use at most {arch.num_layers} nodes")
+        return False
+    sizes = stage_sizes(arch.num_layers, pp)
+    p.stage_layers = max(sizes)
+    s.arch = stage_architecture(arch, p.stage_layers)
+    if pp > 1:
+        split = " + ".join(str(n) for n in sizes)
+        p.decisions.append(FlagDecision("--pipeline-parallel-size", str(pp), f"nodes: one pipeline stage per node, "
+                                        f"the model's {arch.num_layers} layers split {split}; each GPU holds its "
+                                        f"stage's share of the weights and the KV cache of its {p.stage_layers} "
+                                        "layers"))
+    else:
+        p.notes.append(f"warning: crossNodeParallelism Tensor shards every layer over all {p.tensor_parallel_size} "
+                       f"GPUs of {nodes} nodes: each step all-reduces across the nodes, which needs a fast "
+                       "interconnect (InfiniBand or RoCE with GPUDirect RDMA); over plain Ethernet it is slower than "
+                       "pipeline stages")
+    p.decisions += [
+        FlagDecision("--nnodes", str(nodes), f"nodes: the group's {nodes} pods, one per node, "
+                     f"{p.spec.gpu.count} GPU(s) each"),
+        FlagDecision("--node-rank", f"$({WORKER_INDEX_ENV})", "the pod's index in its LeaderWorkerSet group (0: "
+                     "the leader, which serves the API; the workers run vLLM --headless)"),
+        FlagDecision("--master-addr", f"$({LEADER_ADDRESS_ENV})", "the group's leader, by the name the "
+                     "LeaderWorkerSet gives it"),
+        FlagDecision("--master-port", str(COORDINATION_PORT), "where the leader coordinates the group's nodes"),
+    ]
+    return True
+
+
+def nodes_that_fit(p: Plan, s: Sizing, rest: int) -> Optional[int]:
+    """The fewest nodes of gpu.count GPUs whose pipeline stages leave room for a KV cache (`rest`: the activations
+    and overheads per GPU), up to 16; None when none do (or the model has too few layers)."""
+    full = p.model.complete if p.model is not None else s.arch
+    for n in range(max(2, p.nodes + 1), 17):
+        if n > full.num_layers:
+            return None
+        stage = max(stage_sizes(full.num_layers, n))
+        weights = math.ceil(stage_weight_bytes(p.weight_bytes_total, full, n, stage, s.elem) / p.spec.gpu.count)
+        if weights + rotary_cache_bytes(full, s.elem) + rest < s.budget:
+            return n
+    return None
 
 
 def plan_memory_budget(p: Plan, s: Sizing) -> bool:
@@ -138,14 +236,16 @@ def plan_memory_budget(p: Plan, s: Sizing) -> bool:
             p.problem("spec.engine.gpuMemoryUtilization", f"{util} asks for {gib(util * total)} of a {gib(total)} GPU, "
                       f"but reservedMemory ({gib(reserved)}), vLLM's CUDA context ({gib(assumption('cuda_context'))}) and a "
                       f"{gib(assumption('safety_margin'))} margin leave {gib(ceiling * total)}: vLLM would refuse to start "
-                      f"(free memory below the budget). Use at most {math.floor(ceiling * 100) / 100:.2f}")
+                      f"(free memory below the budget). Use at most {math.floor(ceiling * 100) / 100:.2f}",
+                      api.REASON_DOES_NOT_FIT)
         why = "pinned by engine.gpuMemoryUtilization"
     else:
         util = min(assumption("default_utilization"), math.floor(ceiling * 100) / 100)
         why = (f"vLLM's default {assumption('default_utilization')}" if util == assumption("default_utilization") else
                f"leaves {gib(reserved)} reserved + {gib(outside)} for vLLM's CUDA context and a margin free")
     if util <= 0:
-        p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM")
+        p.problem("spec.gpu.reservedMemory", f"reserving {gib(reserved)} of a {gib(total)} GPU leaves nothing for vLLM",
+                  api.REASON_DOES_NOT_FIT)
         return False
     p.gpu_memory_utilization = util
     p.decisions.append(FlagDecision("--gpu-memory-utilization", repr(float(util)), f"{why}: budget {gib(util * total)} of "
@@ -155,8 +255,9 @@ def plan_memory_budget(p: Plan, s: Sizing) -> bool:
 
 
 def plan_weights(p: Plan, s: Sizing) -> None:
-    """4. The weights per GPU, as the checkpoint stores them (its quantization_config decides)."""
-    spec, arch = p.spec, s.arch
+    """4. The weights per GPU, as the checkpoint stores them (its quantization_config decides); across nodes, the
+    largest pipeline stage's share."""
+    spec, arch = p.spec, (p.model.complete if p.model is not None else s.arch)
     p.problems.extend(quantization_problems(spec, arch))
     sized_as = weights_quantization(spec, arch)
     stored = p.model.stored_weight_bytes if p.model is not None and loads_as_stored(spec, arch) else None
@@ -170,7 +271,9 @@ def plan_weights(p: Plan, s: Sizing) -> None:
             p.notes.append(f"weights sized as the checkpoint stores them ({sized_as}, config.json "
                            "quantization_config); vLLM reads the method from the checkpoint")
         p.weight_bytes_total = weight_bytes(arch, sized_as, s.elem)
-    s.weights = math.ceil(p.weight_bytes_total / p.tensor_parallel_size) + rotary_cache_bytes(arch, s.elem)
+    p.stage_weight_bytes = stage_weight_bytes(p.weight_bytes_total, arch, p.pipeline_parallel_size,
+                                              p.stage_layers or arch.num_layers, s.elem)
+    s.weights = math.ceil(p.stage_weight_bytes / p.tensor_parallel_size) + rotary_cache_bytes(arch, s.elem)
 
 
 def plan_batch(p: Plan, s: Sizing) -> None:
@@ -239,9 +342,9 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
     limits = mm_limits(list(e.extra_args))
     activation = activation_bytes(arch, tp, batched, seqs, elem, terms, longest, limits)
     non_torch = non_torch_bytes(tp, terms)
-    kv = budget - weights - activation - non_torch - graphs
+    kv = budget - weights - activation - non_torch - graphs - s.lora
     p.memory = Memory(total=total, reserved=reserved, budget=budget, weights=weights, activation=activation,
-                      non_torch=non_torch, kv_cache=max(kv, 0), cuda_graphs=graphs)
+                      non_torch=non_torch, kv_cache=max(kv, 0), cuda_graphs=graphs, lora=s.lora)
     kv_dtype = e.kv_cache_dtype or "auto"
     p.kv_bytes_per_token = kv_bytes_per_token(arch, tp, kv_dtype, elem)
     s.kv, s.kv_dtype = kv, kv_dtype
@@ -250,16 +353,27 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
         for t in (2, 4, 8, 16, 32, 64):
             if t <= tp or not tp_shards_evenly(arch, t):
                 continue
-            need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, elem)
+            need = (math.ceil(p.stage_weight_bytes / t) + rotary_cache_bytes(arch, elem) + s.lora * tp // t
                     + activation_bytes(arch, t, batched, seqs, elem, terms, longest, limits)
                     + non_torch_bytes(t, terms)
                     + graphs)
             if need < budget:
                 hint = f"use more GPUs (gpu.count: {t} leaves room for the KV cache)"
                 break
-        p.problem("spec.gpu", f"the model does not fit: weights {gib(weights)} + activations {gib(activation)} + "
-                  f"overheads {gib(non_torch + graphs)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
-                  f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
+        rest = activation + non_torch + graphs + s.lora
+        spread = nodes_that_fit(p, s, rest) if p.pipeline_parallel_size == p.nodes else None
+        if spread is not None:
+            hint += (f", nodes: {spread} (pipeline stages over {spread} nodes of {p.spec.gpu.count} GPU(s): "
+                     "docs/multi-node.md)")
+        group = (f" ({p.nodes} nodes: the largest stage's {p.stage_layers} layers on each GPU)" if p.nodes > 1
+                 else "")
+        slots = (f" + the LoRA adapters' slots {gib(s.lora)} (spec.adapters: fewer engine.maxLoras or a lower "
+                 "engine.maxLoraRank take less)") if s.lora else ""
+        p.problem("spec.gpu", f"the model does not fit{group}: weights {gib(weights)} + activations "
+                  f"{gib(activation)} + overheads {gib(non_torch + graphs)}{slots} per GPU exceed the {gib(budget)} "
+                  f"budget of a {gib(total)} GPU; {hint}, a quantized model (model.quantization), or a smaller "
+                  "maxNumBatchedTokens",
+                  api.REASON_DOES_NOT_FIT)
         return False
     block = int(assumption("block_size"))
     layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms, is_pooling(arch))
@@ -312,7 +426,8 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
         elif length > fit_limit:
             p.problem("spec.engine.maxModelLen", f"{length} tokens do not fit the KV cache ({p.kv_cache_tokens} "
                       f"tokens, {gib(kv)} per GPU) with a {int(100 - assumption('context_headroom') * 100)}% margin; the largest "
-                      f"length that fits is {fit_limit}. Lower maxModelLen, add GPUs, or use kvCacheDtype: fp8")
+                      f"length that fits is {fit_limit}. Lower maxModelLen, add GPUs, or use kvCacheDtype: fp8",
+                      api.REASON_DOES_NOT_FIT)
         len_why = "pinned by engine.maxModelLen"
     else:
         requested = prof.max_context_tokens or model_limit
@@ -342,7 +457,7 @@ def plan_max_model_len(p: Plan, s: Sizing) -> None:
                           "p95 figures")
             else:
                 p.problem("spec.gpu", f"the KV cache ({p.kv_cache_tokens} tokens) cannot hold one typical request "
-                          f"({typical} tokens); add GPUs or use a quantized model")
+                          f"({typical} tokens); add GPUs or use a quantized model", api.REASON_DOES_NOT_FIT)
     p.max_model_len = length
     if length > 0 and not arch.encoder_only and s.layout is not None:
         p.kv_cache_tokens = s.layout.tokens(kv, length, s.in_flight)
@@ -401,7 +516,7 @@ def plan_runner(p: Plan, s: Sizing) -> None:
 
 def plan_pod(p: Plan) -> None:
     """9. The pod around vLLM: /dev/shm or host IPC, host memory and CPU, the startup probe's budget."""
-    spec, tp = p.spec, p.tensor_parallel_size
+    spec, tp = p.spec, p.spec.gpu.count  # the GPU workers of one pod (one node of a group)
     if spec.ipc == "SharedMemory":
         if spec.shm_size is not None:
             p.shm_bytes = int(parse_quantity(spec.shm_size))
@@ -413,10 +528,12 @@ def plan_pod(p: Plan) -> None:
             p.notes.append(f"/dev/shm {gib(p.shm_bytes)} in memory: room for NCCL between {tp} GPU worker(s)")
     else:
         p.notes.append("ipc: Host: NCCL uses the host's shared memory (the pod gets hostIPC: true)")
-    p.host_memory_bytes = max(8 * GiB, math.ceil((p.weight_bytes_total / 2 + 4 * GiB) / GiB) * GiB)
+    # A pod of a group loads only its stage's weights (stage_weight_bytes: all of them on one node).
+    loads = p.stage_weight_bytes or p.weight_bytes_total
+    p.host_memory_bytes = max(8 * GiB, math.ceil((loads / 2 + 4 * GiB) / GiB) * GiB)
     p.cpu_request = max(4, 2 * tp + 2)
     p.startup_seconds = int(max(assumption("startup_floor_seconds"),
-                                p.weight_bytes_total / assumption("load_bandwidth") + assumption("engine_init_seconds")))
+                                loads / assumption("load_bandwidth") + assumption("engine_init_seconds")))
     if spec.startup_seconds is not None:
         p.notes.append(f"startup probe budget {spec.startup_seconds} s from spec.startupSeconds (derived: "
                        f"{p.startup_seconds} s)")
@@ -424,10 +541,10 @@ def plan_pod(p: Plan) -> None:
     if api.downloads_in_init_container(spec.model):
         p.notes.append(f"the weights download in the init container 'download' before vLLM starts (no probe "
                        f"deadline: a slow link is never killed); the startup probe's {p.startup_seconds} s cover "
-                       f"reading {gib(p.weight_bytes_total)} from the cache and the engine's start")
+                       f"reading {gib(loads)} from the cache and the engine's start")
     else:
         p.notes.append(f"vLLM downloads or reads the weights itself: the startup probe's {p.startup_seconds} s cover "
-                       f"{gib(p.weight_bytes_total)} at {assumption('load_bandwidth') / 1e6:.0f} MB/s and the engine's start")
+                       f"{gib(loads)} at {assumption('load_bandwidth') / 1e6:.0f} MB/s and the engine's start")
 
 
 def check_release_flags(p: Plan) -> None:

@@ -43,9 +43,9 @@ DEFAULT_SECONDS = 10.0
 #: 100 KB (model_facts.MAX_CONFIG_BYTES is the same bound).
 MAX_ANSWER_BYTES = 2**20
 #: What a gated model without a token that opens it is told (a fix, not the Hub's words).
-GATED = ("the model is gated on the Hub and the operator has no token that opens it: give the operator one "
-         "(chart value operator.hfTokenSecret, flag --hf-token-file), or set spec.model.configURL or "
-         "spec.model.architecture")
+GATED = ("the model is gated on the Hub and the operator has no token for it: give the operator one "
+         "(chart value operator.hfTokenSecret, flag --hf-token-file) and list the model's org "
+         "(operator.hfTokenRepos, --hf-token-repo), or set spec.model.configURL or spec.model.architecture")
 
 
 #: Bytes per element of each safetensors dtype (the format's own list).
@@ -133,6 +133,30 @@ def lookup(repo_id: str, revision: Optional[str] = None, *, endpoint: str = DEFA
     return HubFacts(config=config, sha=sha, parameters=parameters)
 
 
+#: The largest small JSON file of a repo read by file_json (an adapter_config.json is under 2 KB).
+MAX_FILE_BYTES = 256 * 1024
+
+
+def file_url(repo_id: str, filename: str, revision: Optional[str], endpoint: str) -> str:
+    """Where the Hub serves one file of a model repo at a revision (its resolve URL)."""
+    quote = urllib.parse.quote
+    return (f"{endpoint.rstrip('/')}/{quote(repo_id, safe='/')}/resolve/{quote(revision or 'main', safe='')}/"
+            f"{quote(filename)}")
+
+
+def file_json(repo_id: str, filename: str, revision: Optional[str] = None, *, endpoint: str = DEFAULT_ENDPOINT,
+              seconds: float = DEFAULT_SECONDS, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """One small JSON file of a public Hub repo (an adapter's adapter_config.json), through fetch.get: one deadline,
+    a byte cap, no redirect (a file the Hub keeps in LFS, which it redirects to its CDN, is refused), no token.
+    HubError with a category otherwise."""
+    try:
+        body = net.get(file_url(repo_id, filename, revision, endpoint), seconds=seconds, max_bytes=max_bytes,
+                       accept="application/json", use_proxy=True)
+        return net.load_json(body)
+    except net.FetchError as err:
+        raise HubError(f"could not be read from {endpoint.rstrip('/')}: {err}") from None
+
+
 def _parameters(safetensors: Any) -> dict[str, int]:
     counts = getattr(safetensors, "parameters", None)
     if not isinstance(counts, dict):
@@ -200,6 +224,18 @@ def read_token_file(path: Optional[str]) -> Union[str, bool]:
     if not token or len(raw) > MAX_TOKEN_BYTES or any(c.isspace() or not c.isprintable() for c in token):
         raise ValueError(f"the Hub token file {path} does not hold one token")
     return token
+
+
+def token_for(repo_id: str, token: Union[str, bool, None], repos: Optional[tuple[str, ...]]
+              ) -> Union[str, bool, None]:
+    """The token to send for one repo: `token` when `repos` is None (the CLI: the user's own token, for any repo) or
+    names the repo's org ("my-org") or a prefix of its id ("my-org/llama-"); else False (anonymous). The operator's
+    token thus answers only for the repos its settings list: for any other a tenant names, the Hub sees an anonymous
+    request, so the operator's token is no oracle of which private models exist or what they are."""
+    if repos is None or token is False:
+        return token
+    allowed = any(repo_id.startswith(r if "/" in r else f"{r}/") for r in repos if r)
+    return token if allowed else False
 
 
 def token_reader(path: Optional[str]) -> Callable[[], Union[str, bool]]:

@@ -1,0 +1,221 @@
+"""Servers across nodes against the real API server and the real LeaderWorkerSet controller (sigs.k8s.io/lws,
+built from its Go module by tools/lws-build.sh; e2e/testbed/lws.py runs it with its webhooks on loopback).
+
+The reconciler runs in-process one pass at a time; the fake kubelet (e2e/testbed/fakekubelet.py) plays scheduler
+and kubelet for the pods the LWS controller creates. What is shown: the cluster without LWS gets a condition
+naming what to install; with it, the operator's LeaderWorkerSet is accepted by LWS's webhooks and reconciled into
+a leader and a worker pod with the LWS variables vLLM's multi-node arguments read; its status is read back in
+groups; a deleted LeaderWorkerSet is repaired; replicas scale by group; a failing worker is named; the group is
+garbage-collected with its server, and a LeaderWorkerSet the operator did not create is never adopted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e.testbed.controlplane import wait_for
+from e2e.testbed.fakekubelet import FakeKubelet, Fault
+from e2e.testbed.lws import LWSController
+from vllm_operator import builders
+from vllm_operator.controller.reconcile import LWS_NOT_INSTALLED, Reconciler
+from vllm_operator.kube.client import Kube
+
+pytestmark = pytest.mark.apiserver
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP_PATH = "/apis/vllm-operator.io/v1alpha1"
+LWS = builders.LWS_API_VERSION
+
+
+@pytest.fixture(scope="module")
+def lws_controller(control_plane, tmp_path_factory):
+    ctl = LWSController(control_plane, tmp_path_factory.mktemp("lws")).start()
+    try:
+        yield ctl
+    finally:
+        print(ctl.log_tail(80))
+        ctl.stop()
+
+
+def server_doc(name: str, ns: str, **spec) -> dict:
+    doc = yaml.safe_load((ROOT / "examples" / "llama-70b-two-nodes.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": ns}
+    doc["spec"].pop("cache")  # an emptyDir: the test bed has no ReadWriteMany storage
+    doc["spec"].update(spec)
+    return doc
+
+
+def apply(cp, doc: dict) -> None:
+    cp.kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+
+def get_server(kube: Kube, ns: str, name: str) -> dict:
+    return kube.request("GET", f"{GROUP_PATH}/namespaces/{ns}/vllmservers/{name}")
+
+
+def cond(server: dict, type_: str) -> dict:
+    return next((c for c in (server.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def pods(kube: Kube, ns: str) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in kube.list("v1", "Pod", ns)}
+
+
+def env_of(pod: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0].get("env") or []}
+
+
+def ready_groups(reconciler: Reconciler, kube: Kube, ns: str, name: str, groups: int, what: str) -> dict:
+    """Reconcile until the server reports `groups` ready groups (the LWS controller and the fake kubelet
+    work in between)."""
+    def ready():
+        reconciler.reconcile(ns, name)
+        server = get_server(kube, ns, name)
+        st = server.get("status") or {}
+        return server if st.get("readyReplicas") == groups and st.get("replicas") == groups else None
+    return wait_for(ready, 180, what, interval=1.0)
+
+
+def test_a_cluster_without_leaderworkerset_is_told_what_to_install(control_plane, kube, crd_installed, namespace):
+    assert not kube.serves(LWS), "runs before the module's LWS controller installs the CRD"
+    apply(control_plane, server_doc("no-lws", namespace))
+    Reconciler(kube).reconcile(namespace, "no-lws")
+    server = get_server(kube, namespace, "no-lws")
+    valid = cond(server, "SpecValid")
+    assert valid["status"] == "False" and valid["reason"] == LWS_NOT_INSTALLED
+    assert "install LeaderWorkerSet" in valid["message"] and "nodes: 1" in valid["message"]
+    assert cond(server, "Stalled")["status"] == "True"
+    assert kube.get("v1", "Service", namespace, "no-lws") is None, "nothing is applied"
+
+
+def test_the_real_controller_makes_a_group_that_is_repaired_scaled_and_collected(
+        control_plane, kube, k8s, crd_installed, lws_controller, namespace):
+    name = "llama"
+    apply(control_plane, server_doc(name, namespace))
+    reconciler = Reconciler(kube)
+    reconciler.reconcile(namespace, name)
+    lws = kube.get(LWS, "LeaderWorkerSet", namespace, name)
+    assert lws is not None and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert lws["spec"]["startupPolicy"] == "LeaderCreated"  # as we sent it, through LWS's webhooks
+
+    with FakeKubelet(k8s, namespace=namespace, node_name=f"n-{namespace}"[:60], gpu_product="NVIDIA-L40S"):
+        server = ready_groups(reconciler, kube, namespace, name, 1, "one ready group")
+        live = pods(kube, namespace)
+        leader, worker = live[f"{name}-0"], live[f"{name}-0-1"]
+        # The LWS webhook's variables, which the kubelet expands into vLLM's --node-rank and --master-addr.
+        assert env_of(leader)["LWS_WORKER_INDEX"] == "0" and env_of(worker)["LWS_WORKER_INDEX"] == "1"
+        assert env_of(leader)["LWS_LEADER_ADDRESS"] == env_of(worker)["LWS_LEADER_ADDRESS"]
+        assert env_of(worker)["LWS_LEADER_ADDRESS"].startswith(f"{name}-0.{name}.{namespace}")
+        args = leader["spec"]["containers"][0]["args"]
+        assert args[args.index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
+        assert args[args.index("--master-addr") + 1] == "$(LWS_LEADER_ADDRESS)"
+        assert worker["spec"]["containers"][0]["args"] == args + ["--headless"]
+        assert "readinessProbe" in leader["spec"]["containers"][0]
+        assert "readinessProbe" not in worker["spec"]["containers"][0]
+        assert leader["metadata"]["labels"][builders.ROLE_LABEL] == "leader"
+        service = kube.get("v1", "Service", namespace, name)
+        assert service["spec"]["selector"][builders.ROLE_LABEL] == "leader"
+        assert cond(server, "Ready")["status"] == "True" and cond(server, "Ready")["message"] == "1/1 groups ready"
+        assert server["status"]["plan"]["estimates"]["nodes"] == 2
+        assert reconciler.reconcile(namespace, name).applied == [], "what LWS defaults is no drift: nothing re-sent"
+
+        # Drift: the LeaderWorkerSet deleted behind the operator's back comes back with its group.
+        kube.delete(LWS, "LeaderWorkerSet", namespace, name)
+        wait_for(lambda: kube.get(LWS, "LeaderWorkerSet", namespace, name) is None, 60, "the LWS gone")
+        reconciler.reconcile(namespace, name)
+        assert kube.get(LWS, "LeaderWorkerSet", namespace, name) is not None
+        ready_groups(reconciler, kube, namespace, name, 1, "the group back after the deletion")
+
+        # Scaling counts groups: two replicas are two leaders with a worker each.
+        apply(control_plane, server_doc(name, namespace, replicas=2))
+        ready_groups(reconciler, kube, namespace, name, 2, "two ready groups")
+        assert {f"{name}-0", f"{name}-0-1", f"{name}-1", f"{name}-1-1"} <= set(pods(kube, namespace))
+        assert kube.get("policy/v1", "PodDisruptionBudget", namespace, name) is not None
+
+    # Garbage collection: the server's deletion takes its LeaderWorkerSet (and LWS its pods) with it.
+    kube.delete("vllm-operator.io/v1alpha1", "VLLMServer", namespace, name)
+    wait_for(lambda: kube.get(LWS, "LeaderWorkerSet", namespace, name) is None, 120, "the LWS collected")
+
+
+def test_a_failing_worker_is_named_and_a_foreign_leaderworkerset_is_never_adopted(
+        control_plane, kube, k8s, crd_installed, lws_controller, namespace):
+    name = "crashy"
+    apply(control_plane, server_doc(name, namespace))
+    reconciler = Reconciler(kube)
+    reconciler.reconcile(namespace, name)
+    crash = Fault(container={"state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+                             "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                                          "message": "RuntimeError: NCCL error: unhandled system "
+                                                                     "error"}},
+                             "restartCount": 3})
+    faults = lambda pod: crash if pod.metadata.name.endswith("-0-1") else None  # noqa: E731
+
+    with FakeKubelet(k8s, namespace=namespace, node_name=f"n-{namespace}"[:60], gpu_product="NVIDIA-L40S",
+                     faults=faults):
+        def named():
+            reconciler.reconcile(namespace, name)
+            degraded = cond(get_server(kube, namespace, name), "Degraded")
+            return degraded if degraded.get("status") == "True" and f"{name}-0-1" in degraded["message"] else None
+        degraded = wait_for(named, 120, "the failing worker named in Degraded", interval=1.0)
+        assert "NCCL error" in degraded["message"]
+
+    # Someone else's LeaderWorkerSet under a server's name is left alone.
+    foreign = kube.get(LWS, "LeaderWorkerSet", namespace, name)
+    body = {"apiVersion": LWS, "kind": "LeaderWorkerSet", "metadata": {"name": "theirs", "namespace": namespace},
+            "spec": {k: v for k, v in foreign["spec"].items() if k in ("leaderWorkerTemplate", "startupPolicy")}}
+    body["spec"]["replicas"] = 0
+    kube.apply(body, field_manager="someone-else")
+    apply(control_plane, server_doc("theirs", namespace))
+    reconciler.reconcile(namespace, "theirs")
+    server = get_server(kube, namespace, "theirs")
+    assert cond(server, "Ready")["reason"] == "NameConflict"
+    live = kube.get(LWS, "LeaderWorkerSet", namespace, "theirs")
+    assert not live["metadata"].get("ownerReferences"), "never adopted"
+
+
+class LeaderQueues:
+    """Answers what the test says each pod's queue is; records which pods were read (a group's leaders only)."""
+
+    def __init__(self, waiting: dict[str, float]):
+        self.waiting = waiting
+        self.asked: list[list[str]] = []
+
+    def read(self, pod_refs):
+        from vllm_operator.sources.vllm_metrics import Sample
+
+        self.asked.append([p.name for p in pod_refs])
+        return [Sample(p.name, waiting=self.waiting.get(p.name, 0.0), running=1.0, kv_cache_usage=0.25)
+                for p in pod_refs]
+
+
+def test_the_operators_autoscaler_scales_groups_on_the_leaders_queues(
+        control_plane, kube, k8s, crd_installed, lws_controller, namespace):
+    from vllm_operator.autoscaler import actuator, ownership
+
+    name = "scaled"
+    autoscaling = {"enabled": True, "minReplicas": 1, "maxReplicas": 3, "targetWaitingPerReplica": 2,
+                   "intervalSeconds": 1}
+    apply(control_plane, server_doc(name, namespace, autoscaling=autoscaling))
+    reconciler = Reconciler(kube)
+    reconciler.reconcile(namespace, name)
+    lws = kube.get(LWS, "LeaderWorkerSet", namespace, name)
+    assert lws["spec"]["replicas"] == 1 and ownership.replicas_owners(lws) == {ownership.FIELD_MANAGER}
+    with FakeKubelet(k8s, namespace=namespace, node_name=f"n-{namespace}"[:60], gpu_product="NVIDIA-L40S",
+                     gpus=16):  # room for 3 groups of 2 pods x 2 GPUs
+        ready_groups(reconciler, kube, namespace, name, 1, "one ready group")
+        # The scale subresource an HPA or KEDA drives selects the leaders: the queue is read where requests wait.
+        scale = kube.request("GET", f"/apis/{LWS}/namespaces/{namespace}/leaderworkersets/{name}/scale")
+        assert "leaderworkerset.sigs.k8s.io/worker-index=0" in scale["status"]["selector"]
+        source = LeaderQueues({f"{name}-0": 5.0})  # 5 waiting, 2 per group: 3 groups
+        scaler = actuator.Autoscaler(kube, actuator.Sources(pods=source), namespace, name)
+        result = scaler.tick(get_server(kube, namespace, name))
+        assert source.asked == [[f"{name}-0"]], "the worker serves no queue and is not read"
+        assert result.scaled and result.decision.desired == 3
+        assert kube.get(LWS, "LeaderWorkerSet", namespace, name)["spec"]["replicas"] == 3
+        reconciler.reconcile(namespace, name)  # the reconciler leaves the autoscaler's count alone
+        assert kube.get(LWS, "LeaderWorkerSet", namespace, name)["spec"]["replicas"] == 3
+        ready_groups(reconciler, kube, namespace, name, 3, "three ready groups")
