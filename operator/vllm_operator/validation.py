@@ -500,6 +500,10 @@ def routing_problems(spec: VLLMServerSpec) -> list[Problem]:
                            "inferencePool.enabled"))
     if r.http_route.enabled and not r.http_route.gateway_name:
         out.append(Problem("spec.routing.httpRoute.gatewayName", "required when the route is enabled"))
+    if r.inference_pool.enabled and spec.nodes > 1:
+        out.append(Problem("spec.routing.inferencePool.enabled", "not with spec.nodes > 1 yet: the pool would select "
+                           "a group's worker pods too, and only its leader serves requests (route to the server's "
+                           "Service instead)"))
     return out
 
 

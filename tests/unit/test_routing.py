@@ -144,6 +144,10 @@ def test_route_and_scale_to_zero_rules():
     assert not problems({"autoscaling": {**zero, "mode": "KEDA", "prometheusURL": "http://prom:9090"}})
 
 
+def test_a_pool_of_a_server_across_nodes_is_refused():
+    assert any("not with spec.nodes > 1" in p for p in problems({**POOL_ON, "nodes": 2}))
+
+
 def test_the_crd_carries_the_same_rules():
     crd = yaml.safe_load((ROOT / "crds" / "vllmservers.vllm-operator.io.yaml").read_text())
     text = json.dumps(crd)
