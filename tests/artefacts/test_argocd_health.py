@@ -237,3 +237,19 @@ def test_the_argocd_runtime_is_the_pinned_release_and_the_docs_name_it():
     gomod = (ROOT / "tools" / "testbed" / "argocd" / "go.mod").read_text().split()
     assert linked["gopher-lua"] == gomod[gomod.index("github.com/yuin/gopher-lua") + 1]
     assert f"Argo CD v{version}" in (ROOT / "docs" / "argocd.md").read_text()
+
+
+def test_idle_and_scaled_to_zero_by_the_autoscaler_is_healthy(health):
+    """autoscaling.minReplicas 0: zero replicas while idle is the server working as asked (docs/scale-to-zero.md),
+    Healthy, unlike replicas: 0 (Suspended)."""
+    world = World({"autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2},
+                   "routing": {"inferencePool": {"enabled": True}}}, example="llama-3b-autoscaled.yaml")
+    world.kube.serves = lambda gv: True  # the Inference Extension's CRDs are installed
+    # the in-memory API keeps one owner per object (no field managers): the autoscaler's co-ownership of
+    # replicas is left out here (tests/apiserver/test_autoscaler_apiserver.py has it on a real API server)
+    world.reconciler._adopt_replicas = lambda *args: None  # type: ignore[method-assign]
+    world.reconcile()
+    world.kube.objects[("StatefulSet", world.server["metadata"]["namespace"], "srv")]["spec"]["replicas"] = 0
+    world.workload_reports(ready=0, desired=0)  # the autoscaler took it to zero
+    h = health(world.reconcile())
+    assert h["status"] == "Healthy" and h["message"].startswith("idle: scaled to zero after 300s"), h

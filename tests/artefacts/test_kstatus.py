@@ -251,3 +251,20 @@ def test_an_object_kstatus_cannot_judge_fails_loudly():
         kstatus([srv])
     with pytest.raises(RuntimeError, match="Kind"):
         kstatus([{"metadata": {"name": "x"}}])
+
+
+def test_idle_and_scaled_to_zero_by_the_autoscaler_is_current():
+    """autoscaling.minReplicas 0 (docs/scale-to-zero.md): a server the autoscaler took to zero is idle, not broken."""
+    world = World({"autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2},
+                   "routing": {"inferencePool": {"enabled": True}}}, example="llama-3b-autoscaled.yaml")
+    world.kube.serves = lambda gv: True  # the Inference Extension's CRDs are installed
+    # the in-memory API keeps one owner per object (no field managers): the autoscaler's co-ownership of
+    # replicas is left out here (tests/apiserver/test_autoscaler_apiserver.py has it on a real API server)
+    world.reconciler._adopt_replicas = lambda *args: None  # type: ignore[method-assign]
+    world.reconcile()
+    world.kube.objects[("StatefulSet", world.server["metadata"]["namespace"], "srv")]["spec"]["replicas"] = 0
+    world.workload_reports(ready=0, desired=0)  # the autoscaler took it to zero
+    server = world.reconcile()
+    ready = next(c for c in server["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero") and "idle" in ready["message"]
+    assert verdict(server) == {"status": "Current", "message": "Resource is Ready"}

@@ -248,3 +248,43 @@ def test_prometheus_and_the_fixed_baseline_read_every_interval():
     scaler = actuator.Autoscaler(ScalingKube(body, cache), fixed, "ns", "s", clock=lambda: 1000.0, reader=cache)
     assert scaler.tick(json.loads(json.dumps(body))).next_read == schedule.NextRead(5.0, schedule.FIXED)
     assert not actuator.Sources(fixed_reads=True).pods.only_wanted and actuator.Sources().pods.only_wanted
+
+
+class PickerCount:
+    """The endpoint picker's count of requests it had no pod for, as the test sets it."""
+
+    def __init__(self):
+        self.count, self.asked = 0.0, []
+
+    def read(self, namespace, pool):
+        self.asked.append((namespace, pool))
+        return self.count, ""
+
+
+def test_minreplicas_zero_goes_to_zero_after_the_idle_window_and_back_on_the_pickers_count():
+    """docs/scale-to-zero.md at the tick: idle reads for the whole window -> 0; at zero, the picker's count of
+    requests with no pod rising -> 1; the count read from the server's own pool."""
+    body, cache = _one_ready_replica(minReplicas=0, maxReplicas=2, intervalSeconds=1,
+                                     scaleDownStabilizationSeconds=0, scaleToZero={"idleSeconds": 30})
+    body["spec"]["routing"] = {"inferencePool": {"enabled": True}}
+    source, picker, clock = QueueSource(), PickerCount(), [1000.0]
+    scaler = actuator.Autoscaler(ScalingKube(body, cache), actuator.Sources(pods=source, picker=picker), "ns", "s",
+                                 clock=lambda: clock[0], reader=cache)
+
+    def tick(seconds, running=0.0):
+        source.running = running
+        clock[0] += seconds
+        return scaler.tick(json.loads(json.dumps(body)))
+
+    assert tick(0).decision.desired == 1
+    assert tick(20).decision.desired == 1
+    assert tick(5, running=1).decision.desired == 1, "a request restarts the window"
+    assert tick(29).decision.desired == 1
+    result = tick(1)
+    assert result.scaled and result.decision.code == "ScaleToZero" and cache.sts["spec"]["replicas"] == 0
+    cache.pods = lambda namespace, name: []
+    assert tick(60).decision.code == "ScaledToZero" and cache.sts["spec"]["replicas"] == 0
+    picker.count = 1.0  # a request arrived and found no pod
+    result = tick(1)
+    assert result.scaled and result.decision.code == "ScaleFromZero" and cache.sts["spec"]["replicas"] == 1
+    assert set(picker.asked) == {("ns", "s")}

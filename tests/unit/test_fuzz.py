@@ -257,7 +257,7 @@ BROKEN: list[tuple[tuple, list, str]] = [
     (("spec", "cache"), [{}, {"size": "10Gi", "claimName": "x"}, {"size": "ten"}], "spec.cache"),
     (("spec", "autoscaling"), [{"enabled": True}, {"enabled": True, "minReplicas": 3, "maxReplicas": 2}],
      "spec.autoscaling"),
-    (("spec", "autoscaling", "minReplicas"), [0, -1], "spec.autoscaling.minReplicas"),
+    (("spec", "autoscaling", "minReplicas"), [-1], "spec.autoscaling.minReplicas"),
     (("metadata", "name"), ["UPPER", "ñame", "a" * 53, "a" * 64, "-x", ""], "metadata.name"),
     (("spec", "bogus"), [1, "x"], "spec.bogus"),
     (("spec", "gpu", "Count"), [1], "spec.gpu.Count"),

@@ -33,7 +33,8 @@ def test_the_cases_cover_every_condition_and_field_the_operator_writes():
     conditions = {c["type"] for sent in statuses().values() for s in sent for c in s.get("conditions") or []}
     assert conditions == {"SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled",
                           "Reconciling", "PlanOutdated", "ExtraArgsUnchecked", "AdaptersReady", "AutoscalingActive",
-                          "AutoscalingLimited"}
+                          "AutoscalingLimited",
+                          "Routing"}
     fields = {k for sent in statuses().values() for s in sent for k in s}
     assert fields == set(api.VLLMServerStatus.model_json_schema(by_alias=True)["properties"])
     kv = {k for sent in statuses().values() for s in sent for k in s.get("kvCapacity") or {}}

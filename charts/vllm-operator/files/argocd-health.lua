@@ -63,6 +63,11 @@ if ready ~= nil and ready.status == "True" then
   if progressing ~= nil and progressing.status == "True" then
     hs.status = "Progressing"
     hs.message = message(progressing, "Rolling out")
+  elseif ready.reason == "ScaledToZero" and obj.spec ~= nil and obj.spec.autoscaling ~= nil
+      and obj.spec.autoscaling.enabled and obj.spec.autoscaling.minReplicas == 0 then
+    -- idle on purpose (autoscaling.minReplicas 0): serving, the next request wakes a replica
+    hs.status = "Healthy"
+    hs.message = message(ready, "Idle: scaled to zero")
   elseif ready.reason == "ScaledToZero" and (obj.spec == nil or obj.spec.workload ~= "DaemonSet") then
     -- replicas: 0 on purpose (a DaemonSet with no GPU node to run on is not suspended)
     hs.status = "Suspended"

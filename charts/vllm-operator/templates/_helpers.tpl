@@ -97,6 +97,28 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# spec.routing (docs/routing.md): the InferencePool, its endpoint picker (Deployment, Service, ServiceAccount,
+# a Role and RoleBinding in the server's namespace; its config is an argument, no ConfigMap) and the HTTPRoute, managed like the children
+# above (a kind the cluster does not serve is not watched). Creating the picker's Role needs the rights it grants
+# (Kubernetes refuses an escalation): pods and inferencepools are granted here already, inferenceobjectives read.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["inference.networking.x-k8s.io"]
+  resources: ["inferenceobjectives"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # LeaderWorkerSets of servers across nodes (spec.nodes > 1), managed like the children above; the
 # autoscaler patches their replicas. Not watched where LWS is not installed.
 - apiGroups: ["leaderworkerset.x-k8s.io"]

@@ -25,10 +25,14 @@ from .kube_types import (
     SecretKeySelector, SecretVolumeSource, Toleration, Volume, VolumeMount,
 )
 from .spec import (
-    AUTOSCALING_TOLERANCE, AdapterSpec, ADAPTER_NAME_PATTERN, AutoscalingSpec, CacheSpec, ClaimRetentionPolicy,
+    AUTOSCALING_TOLERANCE, AdapterSpec, ADAPTER_NAME_PATTERN, AutoscalingSpec, ScaleToZeroSpec, CacheSpec, ClaimRetentionPolicy,
     EngineSpec, GPUSpec, ModelArchitecture, ModelSpec, MAX_ADAPTERS, NOT_A_FLAG_PATTERN, ObjectMeta, Quantization,
     VLLMServer, VLLMServerSpec, WorkloadProfile,
     downloads_in_init_container, is_hub_model,
+)
+from .routing import (
+    DEFAULT_PICKER_IMAGE, HTTPRouteSpec, InferencePoolSpec, MAX_POOL_NAME, PickerSpec, RoutingSpec, ScorerWeights,
+    owns_pool, pool_name,
 )
 from .status import (
     AdapterStatus, AutoscalingStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
@@ -51,4 +55,6 @@ __all__ = [
     "ModelSpec", "NOT_A_FLAG_PATTERN", "ObjectMeta", "Quantization", "VLLMServer", "VLLMServerSpec",
     "WorkloadProfile", "downloads_in_init_container", "is_hub_model", "AdapterStatus", "AutoscalingStatus", "Condition",
     "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus",
+    "DEFAULT_PICKER_IMAGE", "HTTPRouteSpec", "InferencePoolSpec", "MAX_POOL_NAME", "PickerSpec", "RoutingSpec",
+    "ScaleToZeroSpec", "ScorerWeights", "owns_pool", "pool_name",
 ]

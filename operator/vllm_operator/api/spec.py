@@ -16,6 +16,7 @@ from .names import (
     Annotations, ByteSize, DEFAULT_IMAGE, DEFAULT_RUN_AS_USER, DNSSubdomain, FreeForm, Labels, PodTemplatePatch,
     _Model, _rules, cel,
 )
+from .routing import RoutingSpec
 from .kube_types import (
     Container, EnvVar, MAX_EXTRA_CONTAINERS, MAX_EXTRA_VOLUMES, ResourceOverrides, SecretKeyRef, Toleration, Volume,
     VolumeMount, _list_map,
@@ -346,6 +347,14 @@ class CacheSpec(_Model):
 AUTOSCALING_TOLERANCE = 0.1
 
 
+class ScaleToZeroSpec(_Model):
+    """When a server with minReplicas 0 goes to zero (docs/scale-to-zero.md)."""
+
+    idle_seconds: int = Field(300, ge=10, le=86400, alias="idleSeconds")
+    """Scale to zero once no request has been running or waiting on any replica for this long (the same vLLM
+    gauges the autoscaler reads, every read of the window). The first request at zero wakes one replica."""
+
+
 class AutoscalingSpec(_Model):
     """Scale replicas on vLLM's own queue (vllm:num_requests_waiting)."""
 
@@ -353,14 +362,20 @@ class AutoscalingSpec(_Model):
         cel("!self.enabled || has(self.maxReplicas)", "required when autoscaling is enabled", ".maxReplicas"),
         cel("!has(self.maxReplicas) || self.maxReplicas >= self.minReplicas",
             "must be at least minReplicas", ".maxReplicas"),
+        cel("!has(self.maxReplicas) || self.maxReplicas >= 1", "must be at least 1", ".maxReplicas"),
+        cel("!has(self.minReplicas) || self.minReplicas > 0 || self.mode != 'HPA'",
+            "a HorizontalPodAutoscaler cannot scale to zero (Kubernetes' HPAScaleToZero gate is alpha): use mode "
+            "Operator or KEDA for minReplicas 0", ".minReplicas"),
     ))
 
     enabled: bool = False
     """Turn queue-based autoscaling on; when on, replicas is ignored and the autoscaler owns the count."""
     mode: Literal["Operator", "HPA", "KEDA"] = "Operator"
     """Who scales: the operator's own loop (default), an emitted HorizontalPodAutoscaler, or a KEDA ScaledObject."""
-    min_replicas: int = Field(1, ge=1, le=1000, alias="minReplicas")
-    """Fewest replicas."""
+    min_replicas: int = Field(1, ge=0, le=1000, alias="minReplicas")
+    """Fewest replicas. 0: scale to zero after scaleToZero.idleSeconds without a request, and back to one on
+    the next request (mode Operator: the endpoint picker's count of requests it had no pod for, so it needs
+    routing.inferencePool; mode KEDA: KEDA's activation); docs/scale-to-zero.md."""
     max_replicas: Optional[int] = Field(None, ge=1, le=1000, alias="maxReplicas")
     """Most replicas; required when enabled."""
     target_waiting_per_replica: float = Field(2.0, gt=0.0, le=10000.0, alias="targetWaitingPerReplica")
@@ -375,6 +390,8 @@ class AutoscalingSpec(_Model):
     """Scale up only on the lowest recommendation over this window (0: at once)."""
     scale_down_stabilization_seconds: int = Field(120, ge=0, le=3600, alias="scaleDownStabilizationSeconds")
     """Scale down only on the highest recommendation over this window."""
+    scale_to_zero: ScaleToZeroSpec = Field(default_factory=ScaleToZeroSpec, alias="scaleToZero")
+    """How long a server with minReplicas 0 stays up without a request."""
 
 
 # --------------------------------------------------------------------------- spec
@@ -385,6 +402,11 @@ class VLLMServerSpec(_Model):
         cel("!has(self.autoscaling) || !self.autoscaling.enabled || self.workload == 'StatefulSet'",
             "autoscaling needs workload: StatefulSet; a DaemonSet runs one server per matching node, so its size "
             "follows the nodes (set autoscaling.enabled: false or workload: StatefulSet)", ".autoscaling.enabled"),
+        cel("!has(self.autoscaling) || !self.autoscaling.enabled || !has(self.autoscaling.minReplicas) "
+            "|| self.autoscaling.minReplicas > 0 || (has(self.autoscaling.mode) && self.autoscaling.mode != 'Operator') "
+            "|| (has(self.routing) && has(self.routing.inferencePool) && self.routing.inferencePool.enabled)",
+            "minReplicas 0 with mode Operator needs routing.inferencePool.enabled: the endpoint picker's count of "
+            "requests that found no pod is what wakes a server at zero", ".autoscaling.minReplicas"),
         cel("!self.hostNetwork || self.workload == 'DaemonSet'",
             "only a DaemonSet may use the node's network (replicas of a StatefulSet would collide on port 8000)",
             ".hostNetwork"),
@@ -450,6 +472,9 @@ class VLLMServerSpec(_Model):
     """Secret key holding a Hugging Face token, exposed to vLLM as HF_TOKEN."""
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Queue-based autoscaling."""
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    """Routing through the Gateway API Inference Extension (an InferencePool and its endpoint picker, an
+    HTTPRoute); off by default: the ClusterIP Service's round robin (docs/routing.md)."""
     node_selector: Labels = Field(default_factory=dict, alias="nodeSelector")
     """Extra node selector labels."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)

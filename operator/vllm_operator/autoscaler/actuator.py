@@ -40,6 +40,7 @@ from ..kube.client import Kube
 from ..urlpolicy import URLPolicy
 from ..conditions import Conditions
 from . import policy, schedule
+from ..sources.picker_metrics import PickerSource
 from ..sources.vllm_metrics import (MetricsSource, Observations, PodRef, PodsSource, PrometheusSource, Sample,
                                     unscrapable)
 from .ownership import CONDITIONS, FIELD_MANAGER, clear_status, has_status
@@ -172,7 +173,7 @@ class Sources:
 
     def __init__(self, default_prometheus_url: Optional[str] = None, pods: Optional[MetricsSource] = None,
                  prometheus: Callable[[str], MetricsSource] = PrometheusSource, urls: Optional[URLPolicy] = None,
-                 fixed_reads: bool = False):
+                 fixed_reads: bool = False, picker: Optional[PickerSource] = None):
         self.default_prometheus_url = default_prometheus_url
         #: The prometheusURLs a spec may name (urlpolicy.py); None: any.
         self.urls = urls
@@ -182,6 +183,8 @@ class Sources:
         #: The fast reads' shared budget (schedule.py, rule 4).
         self.fast_reads = schedule.FastReads()
         self._prometheus = prometheus
+        #: The endpoint pickers' count of requests with no pod (what wakes a server at zero replicas).
+        self.picker = picker or PickerSource()
         #: The KV cache each pod's vLLM allocated: recorded from the ticks' pod scrapes, and scraped now and then
         #: in the same pool for the reconciler's status.kvCapacity when no tick scrapes the pod (kvcapacity.py).
         self.kv_capacity = Observations(submit=getattr(self.pods, "submit", None))
@@ -246,6 +249,9 @@ class Autoscaler:
         self._last_answer: Optional[dict[str, Any]] = None
         #: When this loop last changed the replica count (the clock's time).
         self._scaled_at: Optional[float] = None
+        #: minReplicas 0: when a read last showed a request (or no data), and the picker's last unserved count.
+        self._busy_at: Optional[float] = None
+        self._unserved: Optional[float] = None
 
     # ---- the tick
     def tick(self, body: dict[str, Any]) -> TickResult:
@@ -298,7 +304,12 @@ class Autoscaler:
             # count made just before the scale-up window, so it delays a scale-down (never on no data)
             # but not a scale-up.
             self.history = [(now - a.scale_up_stabilization_seconds - 0.001, current)]
-        decision = policy.decide(samples, current, ready, starting, a, self.history, now, slots=max_num_seqs(pods))
+        if a.min_replicas == 0:
+            decision = policy.decide_with_zero(samples, current, ready, starting, a, self.history, now,
+                                               self._idle(spec, samples, current, now), slots=max_num_seqs(pods))
+        else:
+            decision = policy.decide(samples, current, ready, starting, a, self.history, now,
+                                     slots=max_num_seqs(pods))
         if decision.hold and groups.ready_unscraped:
             decision = policy.Decision(decision.desired, decision.reason + f"; ready but not scraped: "
                                        f"{', '.join(groups.ready_unscraped)}", None, hold=True,
@@ -325,6 +336,23 @@ class Autoscaler:
         result.status_written = self._write(body, status, decision, now, described)
         result.next_read = self._next_read(samples, decision, a, source, now, scaled=result.scaled)
         return result
+
+    def _idle(self, spec: api.VLLMServerSpec, samples: list[Sample], current: int, now: float) -> policy.Idle:
+        """minReplicas 0: how long every read has been idle, and whether a request found no pod since the last
+        read (the pool's endpoint picker's count rose)."""
+        pool = api.pool_name(self.name, spec.routing)
+        source = f"endpoint picker {builders.picker_name(pool)}"
+        count: Optional[float] = None
+        if spec.routing.inference_pool.enabled:
+            count, why = self.sources.picker.read(self.namespace, pool)
+            if count is None:
+                log.info("%s/%s: %s", self.namespace, self.name, why)
+        woken = count is not None and self._unserved is not None and count > self._unserved
+        if count is not None:
+            self._unserved = count
+        if self._busy_at is None or woken or current == 0 or not samples or policy.busy(samples):
+            self._busy_at = now
+        return policy.Idle(now - self._busy_at, woken, f"{source}'s count of requests with no pod")
 
     def _next_read(self, samples: list[Sample], decision: policy.Decision, a: api.AutoscalingSpec,
                    source: MetricsSource, now: float, scaled: bool) -> schedule.NextRead:

@@ -22,6 +22,14 @@ The rules, in the order `decide` applies them:
    already on their way will serve.
 6. A bounded step: at most max(4, 100%) more replicas per decision (the HPA's default).
 7. Clamp to [minReplicas, maxReplicas]; ``limited`` says the recommendation was cut.
+
+With minReplicas 0 (`decide_with_zero`, docs/scale-to-zero.md), around the rules above:
+
+0. At zero replicas there is no queue to read: a request that found no pod at the endpoint picker (`Idle.woken`)
+   scales to one replica at once; otherwise the count stays at zero.
+8. Above zero the rules above run with a floor of one replica (the queue alone never empties a server), and
+   the server goes to zero only when no request was running or waiting on any ready replica at every read for
+   scaleToZero.idleSeconds (`Idle.idle_for`, kept by the caller), with full data (a hold never scales to zero).
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ AT_LIMIT = "AtLimit"
 OUT_OF_BOUNDS = "OutOfBounds"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
 NO_READY_REPLICAS = "NoReadyReplicas"
+SCALE_TO_ZERO = "ScaleToZero"
+SCALED_TO_ZERO = "ScaledToZero"
+SCALE_FROM_ZERO = "ScaleFromZero"
 
 History = list[tuple[float, int]]
 
@@ -212,3 +223,47 @@ def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, s
     window = (f" for {spec.scale_down_stabilization_seconds}s" if spec.scale_down_stabilization_seconds else "")
     return result(desired, f"scale down {current} -> {desired}: {measured}{window}", SCALE_DOWN,
                   stabilized if stabilized < lo else None)
+
+
+@dataclass(frozen=True)
+class Idle:
+    """What scale to zero decides on besides the queue (the caller keeps the clock)."""
+
+    idle_for: float
+    """Seconds every read has shown no request running or waiting on any ready replica (0: busy now)."""
+    woken: bool = False
+    """A request arrived that found no pod (the endpoint picker's count of them rose since the last read)."""
+    wake_source: str = "the endpoint picker"
+
+
+def busy(samples: Sequence[Sample]) -> bool:
+    """Whether any replica runs or queues a request (or did not answer: never idle on missing data)."""
+    return any(not s.ok or s.waiting > 0 or s.running > 0 for s in samples)
+
+
+def decide_with_zero(samples: Sequence[Sample], current: int, ready: int, starting: int, spec: AutoscalingSpec,
+                     history: History, now: float, idle: Idle, slots: Optional[int] = None) -> Decision:
+    """`decide` for minReplicas 0: rules 0 and 8 (the module's docstring) around the others."""
+    if spec.min_replicas > 0:
+        return decide(samples, current, ready, starting, spec, history, now, slots=slots)
+    window = spec.scale_to_zero.idle_seconds
+    # 0. at zero
+    if current == 0:
+        if idle.woken:
+            return Decision(1, f"scale up 0 -> 1: a request arrived at zero replicas ({idle.wake_source})", None,
+                            code=SCALE_FROM_ZERO, recommendation=1)
+        return Decision(0, f"scaled to zero: no request since; {idle.wake_source} wakes it", None,
+                        code=SCALED_TO_ZERO, recommendation=0)
+    floor_one = spec.model_copy(update={"min_replicas": 1})
+    decision = decide(samples, current, ready, starting, floor_one, history, now, slots=slots)
+    # 8. scale to zero after a whole idle window
+    if decision.hold or decision.desired > current or busy(samples) or starting > 0 or not samples:
+        return decision
+    if idle.idle_for < window:
+        if decision.code == AT_LIMIT and decision.desired == 1:  # the floor of one, not minReplicas 0
+            return Decision(1, f"{decision.reason.split(': recommends')[0]}: idle for {_num(idle.idle_for)}s of "
+                            f"the {window}s before scale to zero", decision.metric_value, code=STEADY,
+                            recommendation=decision.recommendation)
+        return decision
+    return Decision(0, f"scale to zero {current} -> 0: no request running or waiting for {_num(idle.idle_for)}s "
+                    f"(scaleToZero.idleSeconds {window})", 0.0, code=SCALE_TO_ZERO, recommendation=0)

@@ -38,7 +38,7 @@ log = logging.getLogger("vllm_operator.controller.reconcile")
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
               "kvCapacity", "adapters", "servedModels")
 OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
-                  "PlanOutdated", EXTRA_ARGS_UNCHECKED, "AdaptersReady")
+                  "PlanOutdated", EXTRA_ARGS_UNCHECKED, "AdaptersReady", "Routing")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: The kinds that run the pods: a server's one workload.
 WORKLOAD_KINDS = ("StatefulSet", "DaemonSet", builders.LWS_KIND)
@@ -55,6 +55,38 @@ NAME_CONFLICT = "NameConflict"
 BLOCKED_REASONS = (NAME_CONFLICT, apierrors.API_REJECTED)
 #: Status fields an invalid spec leaves as they are: what the last valid spec deployed still serves.
 KEPT_WHILE_INVALID = ("selector", "endpoint", "plan", "kvCapacity", "adapters", "servedModels")
+
+
+#: The Routing condition's reason where the cluster lacks the Inference Extension's or Gateway API's CRDs.
+ROUTING_NOT_INSTALLED = "RoutingAPINotInstalled"
+#: The kinds spec.routing emits (builders.build_routing), watched and pruned like the other children.
+ROUTING_KINDS = [("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
+                 ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("apps/v1", "Deployment"),
+                 (builders.POOL_API_VERSION, "InferencePool"), (builders.ROUTE_API_VERSION, "HTTPRoute")]
+
+
+def idles_to_zero(spec: api.VLLMServerSpec) -> bool:
+    """An autoscaled StatefulSet that may go to zero when idle (and comes back on a request)."""
+    a = spec.autoscaling
+    return a.enabled and a.min_replicas == 0 and spec.workload == "StatefulSet"
+
+
+def routing_names(pool: str) -> set[tuple[str, str]]:
+    """(kind, name) of a pool's picker objects."""
+    name = builders.picker_name(pool)
+    return {(k, name) for k in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")}
+
+
+def routing_not_installed_message(missing: list[str]) -> str:
+    what = []
+    if builders.POOL_API_VERSION in missing:
+        what.append(f"{builders.POOL_API_VERSION} InferencePools: install the Gateway API Inference Extension's "
+                    "CRDs (release v1.2.0: its manifests.yaml, docs/routing.md)")
+    if builders.ROUTE_API_VERSION in missing:
+        what.append(f"{builders.ROUTE_API_VERSION} HTTPRoutes: install the Gateway API's CRDs (or your gateway's, "
+                    "which bundle them)")
+    return ("this cluster does not serve " + "; nor ".join(what)
+            + ". Nothing of spec.routing that needs them is applied; the server is reached on its Service meanwhile")
 
 
 def utcnow() -> str:
@@ -256,6 +288,8 @@ class Reconciler:
     pod_admission: Optional[PodAdmission] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _lws: Optional[tuple[bool, float]] = field(default=None, repr=False)
+    #: group version -> (served, when asked): the Inference Extension's and Gateway API's (routing.py's kinds).
+    _served: dict[str, tuple[bool, float]] = field(default_factory=dict, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
     #: (namespace, server) -> the apply the API server last refused, held back until its slow retry is due.
     _refused: dict[tuple[str, str], Refusal] = field(default_factory=dict, repr=False)
@@ -269,7 +303,15 @@ class Reconciler:
         return [("v1", "Service"), ("v1", "PersistentVolumeClaim"), ("apps/v1", "StatefulSet"),
                 ("apps/v1", "DaemonSet"), ("policy/v1", "PodDisruptionBudget"),
                 ("autoscaling/v2", "HorizontalPodAutoscaler"), (KEDA_API_VERSION, "ScaledObject"),
-                (builders.LWS_API_VERSION, builders.LWS_KIND)]
+                (builders.LWS_API_VERSION, builders.LWS_KIND), *ROUTING_KINDS]
+
+    def serves_api(self, group_version: str) -> bool:
+        """Whether the cluster serves an optional API (discovery, cached briefly: it may be installed later)."""
+        now = time.monotonic()
+        hit = self._served.get(group_version)
+        if hit is None or now - hit[1] > DISCOVERY_TTL_SECONDS:
+            hit = self._served[group_version] = (self.kube.serves(group_version), now)
+        return hit[0]
 
     def serves_keda(self) -> bool:
         """Whether the cluster serves KEDA's ScaledObject (discovery, cached briefly: KEDA may be installed later)."""
@@ -385,6 +427,7 @@ class Reconciler:
         loose = extra_args_unchecked(run.conditions, run.plan.flags.warning() if run.plan.flags else None)
         run.result.events += [loose] if loose else []
         self._external_scaler(run)
+        self._routing(run)
         live = self._live_children(run.namespace, run.name, run.uid)
         taken = self._names_taken(run.desired, live, run.uid)
         if taken:  # never adopted: apply nothing (and prune nothing); what was deployed keeps running
@@ -654,6 +697,42 @@ class Reconciler:
                 run.result.events.append(("Warning", "KEDANotInstalled", cond[2]))
         run.conditions.set("ExternalScaler", *cond)
 
+    def _routing(self, run: Pass) -> None:
+        """The Routing condition for spec.routing; the pool, its picker and the route are left out of the desired
+        children (and said so) where the cluster does not serve their APIs, never applied into a crash loop."""
+        assert run.spec is not None
+        routing = run.spec.routing
+        if not routing.inference_pool.enabled:
+            run.conditions.remove("Routing")
+            return
+        pool = api.pool_name(run.name, routing)
+        missing = [gv for gv, wanted in ((builders.POOL_API_VERSION, True),
+                                         (builders.ROUTE_API_VERSION, routing.http_route.enabled))
+                   if wanted and not self.serves_api(gv)]
+        if missing:
+            run.desired = [o for o in run.desired if o["apiVersion"] not in missing]
+            if builders.POOL_API_VERSION in missing:  # a picker without its pool could only fail
+                run.desired = [o for o in run.desired if (o["kind"], o["metadata"]["name"]) not in
+                               routing_names(pool)]
+            cond = ("False", ROUTING_NOT_INSTALLED, routing_not_installed_message(missing))
+        elif not api.owns_pool(run.name, routing):
+            owner = self.reader.server(run.namespace, pool)
+            owner_spec = documents.parse_spec((owner or {}).get("spec") or {})[0]
+            if owner_spec is None or not api.owns_pool(pool, owner_spec.routing):
+                cond = ("False", "PoolOwnerMissing", f"the pods carry {builders.POOL_LABEL}={pool}, but no "
+                        f"VLLMServer {pool} with routing.inferencePool.enabled owns that pool in this namespace: "
+                        "create it (the pool and its picker are its children)")
+            else:
+                cond = ("True", "JoinedPool", f"the pods are members of InferencePool {pool} (VLLMServer {pool}'s)")
+        else:
+            cond = ("True", "PoolApplied", f"InferencePool {pool} selects the pods labelled "
+                    f"{builders.POOL_LABEL}={pool} on port {builders.PORT}; endpoint picker "
+                    f"{builders.picker_name(pool)} (Service port {builders.PICKER_GRPC_PORT})")
+        old = run.conditions.get("Routing")
+        if cond[0] == "False" and (old is None or old.reason != cond[1]):
+            run.result.events.append(("Warning", cond[1], cond[2]))
+        run.conditions.set("Routing", *cond)
+
     def _pod_failure(self, run: Pass, workload: Optional[dict[str, Any]], progress: dict[str, Any],
                  pods: list[dict[str, Any]]) -> Optional[failures.Failure]:
         """Why pods do not serve (failures.classify), with the Events of the workload and its pods while a
@@ -693,6 +772,10 @@ class Reconciler:
                            "spec.tolerations)")
             else:
                 ready_c = ("False", "NoReplicasReady", "waiting for the DaemonSet controller to count the nodes")
+        elif desired == 0 and run.spec is not None and idles_to_zero(run.spec):
+            ready_c = ("True", "ScaledToZero", f"idle: scaled to zero after "
+                       f"{run.spec.autoscaling.scale_to_zero.idle_seconds}s without a request; the next request "
+                       "wakes a replica (docs/scale-to-zero.md)")
         elif desired == 0:
             ready_c = ("True", "ScaledToZero", "no replicas requested")
         elif ready >= desired:

@@ -33,6 +33,12 @@ PLURALS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("apps/v1", "Deployment"): "deployments",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes",
     ("vllm-operator.io/v1alpha1", "VLLMServer"): "vllmservers",
 }
 

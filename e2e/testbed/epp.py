@@ -1,0 +1,197 @@
+"""The Gateway API Inference Extension on the test bed: its CRDs, its endpoint picker (the EPP, cmd/epp of the
+release tools/testbed/epp/go.mod pins) as a process, and the test bed's gateway in front of it.
+
+No gateway data plane can be installed here (no Envoy build is available from the registries), so the gateway's
+part is played by tools/testbed/epp/gateway: it speaks the picker's real ext_proc gRPC interface (the messages
+Envoy's ext_proc filter sends, as the extension's own integration tests do) and forwards each HTTP request to the
+endpoint the picker chose. tools/epp-build.sh builds both into the cache (tools/run-tests.sh runs it; the first
+use here does too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from e2e.testbed.controlplane import cache_dir, wait_for
+from e2e.testbed.convergence import wait_established
+from e2e.testbed.vllm_env import _set_pdeathsig, free_port
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+BUILD_SCRIPT = TOOLS / "epp-build.sh"
+GO_MOD = TOOLS / "testbed" / "epp" / "go.mod"
+MODULE = "sigs.k8s.io/gateway-api-inference-extension"
+_built = threading.Lock()
+
+
+def pinned_version() -> str:
+    """The extension's release tools/testbed/epp/go.mod pins ("1.2.0")."""
+    for line in GO_MOD.read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["require"]:
+            parts = parts[1:]
+        if len(parts) >= 2 and parts[0] == MODULE:
+            return parts[1].lstrip("v")
+    raise RuntimeError(f"{GO_MOD} does not require {MODULE}")
+
+
+def ensure_built() -> Path:
+    """The cache folder holding bin/epp, bin/gateway and crds/ (built once, serialised by the script's lock)."""
+    out = cache_dir() / f"epp-{pinned_version()}"
+    with _built:
+        subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.DEVNULL, timeout=3600)
+    return out
+
+
+def install_crds(cp) -> list[str]:
+    """The extension's CRDs (InferencePool v1, InferenceObjective, ...) applied and established."""
+    crds = sorted((ensure_built() / "crds").glob("*.yaml"))
+    cp.kubectl("apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
+    names = [c.name.split("_", 1)[1].removesuffix(".yaml") + "." + c.name.split("_", 1)[0] for c in crds]
+    for name in names:
+        wait_established(cp, name, timeout=120)
+    return names
+
+
+def install_gateway_crds(cp) -> list[str]:
+    """The Gateway API's standard-channel CRDs (HTTPRoute, Gateway, ...) at the version the extension requires."""
+    crds = sorted((ensure_built() / "gateway-crds").glob("*.yaml"))
+    cp.kubectl("apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
+    names = [c.name.split("_", 1)[1].removesuffix(".yaml") + "." + c.name.split("_", 1)[0] for c in crds]
+    for name in names:
+        wait_established(cp, name, timeout=120)
+    return names
+
+
+class Process:
+    """A started binary with its log; stopped (SIGTERM, then SIGKILL) by stop() or the context manager."""
+
+    def __init__(self, cmd: Sequence[str], log_path: Path, env: Optional[dict[str, str]] = None):
+        self.cmd = list(cmd)
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        # SIGKILLed with the test's process (a test killed by its timeout leaves nothing running); start it from
+        # the thread that lives as long as it should (the fixtures' thread).
+        self.popen = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                      env={**os.environ, **(env or {})}, start_new_session=True,
+                                      preexec_fn=lambda: _set_pdeathsig(signal.SIGKILL))
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=5)
+        self._log.close()
+
+    def __enter__(self) -> "Process":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _replace_arg(args: list[str], flag: str, value: str) -> list[str]:
+    out = list(args)
+    i = out.index(flag)
+    out[i + 1] = value
+    return out
+
+
+class Picker(Process):
+    """The endpoint picker run with a Deployment's container args (as built by builders.build_picker_deployment,
+    its config inline), its ports free ones of this machine (the test bed's processes share the host's network),
+    its API access the kubeconfig given (the picker's ServiceAccount's, to prove its Role)."""
+
+    def __init__(self, args: Sequence[str], kubeconfig: str | os.PathLike, workdir: Path, namespace: str):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.grpc_port, self.health_port, self.metrics_port = free_port(), free_port(), free_port()
+        argv = list(args)
+        for flag, port in (("--grpc-port", self.grpc_port), ("--grpc-health-port", self.health_port),
+                           ("--metrics-port", self.metrics_port)):
+            argv = _replace_arg(argv, flag, str(port))
+        binary = ensure_built() / "bin" / "epp"
+        super().__init__([str(binary), "--kubeconfig", str(kubeconfig), *argv], workdir / "epp.log",
+                         env={"NAMESPACE": namespace, "POD_NAME": "epp-test"})
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def metrics_text(self, timeout: float = 5) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=timeout) as r:
+            return r.read().decode("utf-8", "replace")
+
+    def wait_serving(self, timeout: float = 120) -> None:
+        """Until its metrics endpoint answers (it starts serving once its pool has been read)."""
+        def up() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"the endpoint picker exited with {self.popen.returncode}:\n{self.log_tail()}")
+            try:
+                self.metrics_text(timeout=2)
+                return True
+            except (urllib.error.URLError, OSError):
+                return False
+
+        wait_for(up, timeout, "the endpoint picker's metrics endpoint", interval=0.5)
+
+
+class Gateway(Process):
+    """The test bed's gateway (tools/testbed/epp/gateway) in front of a picker; `hold` seconds it holds a request
+    the picker has no endpoint for (503), asking again every half second."""
+
+    def __init__(self, picker: Picker, workdir: Path, hold: float = 0, tls: bool = True):
+        self.port = free_port()
+        binary = ensure_built() / "bin" / "gateway"
+        cmd = [str(binary), "-listen", f"127.0.0.1:{self.port}", "-picker", f"127.0.0.1:{picker.grpc_port}",
+               "-hold", f"{hold}s", f"-tls={'true' if tls else 'false'}"]
+        super().__init__(cmd, workdir / f"gateway-{self.port}.log")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_listening(self, timeout: float = 30) -> None:
+        import socket
+
+        def up() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+        wait_for(up, timeout, "the test bed's gateway", interval=0.1)
+
+    def complete(self, model: str, prompt: str, max_tokens: int = 8, timeout: float = 300) -> dict[str, Any]:
+        """POST /v1/completions through the gateway: status, the endpoint the picker chose, the held time, the
+        wall time and the answer's JSON (or text)."""
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).encode()
+        req = urllib.request.Request(self.url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        start = time.monotonic()
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                status, headers, text = r.status, r.headers, r.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            status, headers, text = e.code, e.headers, e.read().decode("utf-8", "replace")
+        try:
+            answer: Any = json.loads(text)
+        except ValueError:
+            answer = text
+        return {"status": status, "endpoint": headers.get("x-gateway-destination-endpoint"),
+                "held_ms": int(headers.get("x-gateway-held-ms") or 0), "seconds": time.monotonic() - start,
+                "answer": answer}
