@@ -87,9 +87,8 @@ def format_validation_error(err: pydantic.ValidationError, root: type[pydantic.B
 #: the one place for each message (the API server's own is the CRD's `minimum`).
 FIELD_MESSAGES: dict[tuple[tuple[str, ...], str], str] = {
     (("autoscaling", "minReplicas"), "greater_than_equal"):
-        "scaling to zero is not supported: the autoscaler keeps at least one replica, since it reads the queue "
-        "from the running pods; set minReplicas: 1 (or autoscaling.enabled: false and replicas: 0 to stop the "
-        "server)",
+        "replicas cannot be negative: minReplicas is 0 (scale to zero after an idle window, with the endpoint "
+        "picker's signal to wake it: docs/scale-to-zero.md) or more",
 }
 
 

@@ -404,14 +404,18 @@ def test_a_model_too_large_is_told_what_would_fit_not_a_smaller_batch(capsys, tm
     assert "maxNumBatchedTokens" not in err
 
 
-def test_min_replicas_zero_is_told_in_words(capsys, tmp_path):
+def test_min_replicas_below_one_is_told_in_words(capsys, tmp_path):
     doc = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())
-    doc["spec"]["autoscaling"]["minReplicas"] = 0
+    doc["spec"]["autoscaling"]["minReplicas"] = -1
     path = tmp_path / "server.yaml"
     path.write_text(yaml.safe_dump(doc))
     rc, _, err = run(capsys, "plan", "--offline", str(path))
-    assert rc == 1 and "spec.autoscaling.minReplicas: scaling to zero is not supported" in err
-    assert "greater than or equal" not in err
+    assert rc == 1 and "spec.autoscaling.minReplicas: replicas cannot be negative" in err
+    assert "docs/scale-to-zero.md" in err and "greater than or equal" not in err
+    doc["spec"]["autoscaling"]["minReplicas"] = 0  # scale to zero: it needs the picker's signal to wake
+    path.write_text(yaml.safe_dump(doc))
+    rc, _, err = run(capsys, "plan", "--offline", str(path))
+    assert rc == 1 and "routing.inferencePool.enabled" in err
 
 
 def _unknown(tmp_path: Path, architecture: dict | None = None) -> Path:
