@@ -52,13 +52,15 @@ def plan_server(
     configs: Optional[model_facts.ConfigCache] = None,
     urls: Optional[URLPolicy] = None,
     hf_token: Union[str, bool, None] = False,
+    chat_template: Callable[[str], Optional[str]] = chattemplate.problem,
 ) -> planner.Plan:
     """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan.
 
     `allow_unsafe_args`: api.allows_unsafe_args(metadata), the escape hatch for --host/--port in extraArgs.
     `local_files`: a model directory or config.json path is read from this machine (the CLI; never the
     operator). `configs`: the operator's cache of fetched config.json facts. `urls`: the operator's URL
-    settings: a configURL outside them is a problem, and is not fetched. `hf_endpoint`: the Hub a model outside the
+    settings: a configURL outside them is a problem, and is not fetched. `chat_template`: why a chat template cannot
+    be used (chattemplate.problem; the operator's Checker, which may raise chattemplate.Queued). `hf_endpoint`: the Hub a model outside the
     catalog is looked up on (None: none, offline); `hf_token`: the token sent to it (hub.lookup's `token`)."""
     model_error = None
     model_error_field = "spec.model.architecture"
@@ -94,7 +96,7 @@ def plan_server(
     if model is not None:
         plan.notes.extend(model.notes)
     if spec.engine.chat_template:
-        why = chattemplate.problem(spec.engine.chat_template)  # in a child process, limited (chattemplate.py)
+        why = chat_template(spec.engine.chat_template)  # in a child process, limited (chattemplate.py)
         if why:
             plan.problems.append(Problem("spec.engine.chatTemplate", why))
     if model is not None and base is not None and spec.model.quantization == "none":

@@ -26,7 +26,7 @@ from prometheus_client import generate_latest
 from . import __version__, api
 
 NAMESPACE = "vllm_operator"
-RESULTS = ("applied", "unchanged", "invalid", "gone", "error")
+RESULTS = ("applied", "unchanged", "invalid", "gone", "error", "pending")
 DIRECTIONS = ("up", "down", "hold")
 
 
@@ -39,7 +39,8 @@ class Metrics:
         ns, r = NAMESPACE, registry
         self.reconciles = Counter(
             "reconciles", "Reconciles of a VLLMServer by result: applied (something written), unchanged, "
-            "invalid (SpecValid=False), gone (deleted), error (raised and retried).", ["result"], namespace=ns,
+            "invalid (SpecValid=False), gone (deleted), error (raised and retried), pending (its chat template "
+            "waits for its check).", ["result"], namespace=ns,
             registry=r)
         self.reconcile_duration = Histogram(
             "reconcile_duration_seconds", "Wall time of one reconcile, API calls included.", namespace=ns,

@@ -29,7 +29,7 @@ from .spec import (
     downloads_in_init_container, is_hub_model,
 )
 from .status import (
-    AutoscalingStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
+    AutoscalingStatus, ChatTemplateStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
 )
 
 __all__ = [
@@ -46,5 +46,5 @@ __all__ = [
     "AUTOSCALING_TOLERANCE", "AutoscalingSpec", "CacheSpec", "EngineSpec", "GPUSpec", "ModelArchitecture",
     "ModelSpec", "NOT_A_FLAG_PATTERN", "ObjectMeta", "Quantization", "VLLMServer", "VLLMServerSpec",
     "WorkloadProfile", "downloads_in_init_container", "is_hub_model", "AutoscalingStatus", "Condition",
-    "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus",
+    "ChatTemplateStatus", "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus",
 ]

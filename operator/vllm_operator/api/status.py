@@ -133,6 +133,16 @@ class KVCapacityStatus(_Status):
     """Ready pods when it was measured."""
 
 
+class ChatTemplateStatus(_Status):
+    """The last spec.engine.chatTemplate the operator checked (chattemplate.py), so that a restart checks it not
+    again: written by the operator only (the status subresource), so a tenant cannot vouch for its own template."""
+
+    digest: str = Field(max_length=80)
+    """sha256 of the checker's version and the template."""
+    problem: Optional[str] = Field(None, max_length=1024)
+    """Why vLLM could not use it; absent when it can."""
+
+
 class VLLMServerStatus(_Status):
     """Observed state of a vLLM server."""
 
@@ -158,3 +168,5 @@ class VLLMServerStatus(_Status):
     """The autoscaler's last decision."""
     kv_capacity: Optional[KVCapacityStatus] = Field(None, alias="kvCapacity")
     """The plan's KV cache tokens per replica beside what vLLM allocated on the ready pods."""
+    chat_template: Optional[ChatTemplateStatus] = Field(None, alias="chatTemplate")
+    """The digest of the chat template last checked, and its verdict."""

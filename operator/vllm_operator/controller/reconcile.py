@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import api, builders, documents, pipeline, planner, podsecurity
+from .. import api, builders, chattemplate, documents, pipeline, planner, podsecurity
 from . import failures, kvcapacity, replan
 from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
 from ..kube import apierrors, events
@@ -35,7 +35,7 @@ log = logging.getLogger("vllm_operator.controller.reconcile")
 #: Status fields this reconciler owns (server-side apply on /status under its field manager);
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
-              "kvCapacity")
+              "kvCapacity", "chatTemplate")
 OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
                   "PlanOutdated", EXTRA_ARGS_UNCHECKED)
 KEDA_API_VERSION = "keda.sh/v1alpha1"
@@ -153,6 +153,8 @@ class Result:
     ready_replicas: int = 0
     outdated: Optional[str] = None
     """What a re-plan would change, when the workload was kept on its running plan (replan.py)."""
+    pending: bool = False
+    """The chat template waits for its check (chattemplate.Queued): nothing was decided, nothing written."""
 
 
 @dataclass
@@ -172,6 +174,8 @@ class Pass:
     errors: list[str] = field(default_factory=list)
     """Why the spec cannot be deployed; the SpecValid reason is `reason`."""
     reason: str = "InvalidSpec"
+    template: Optional[api.ChatTemplateStatus] = None
+    """The chat template's verdict, kept in status.chatTemplate (chattemplate.py)."""
 
     @property
     def name(self) -> str:
@@ -220,6 +224,9 @@ class Reconciler:
     #: The KV cache capacity vLLM allocated on the ready pods (kvcapacity.py), for status.kvCapacity; None: not
     #: reported.
     kv_capacity: Optional[vllm_metrics.Observations] = None
+    #: The operator's chat template checks (bounded, rated, on their own threads); None: checked in the calling
+    #: thread (chattemplate.problem: the CLI, tests).
+    templates: Optional[chattemplate.Checker] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
     #: (namespace, server) -> the apply the API server last refused, held back until its slow retry is due.
@@ -254,7 +261,11 @@ class Reconciler:
         """Read the live status, plan, then either keep the last valid children (an invalid spec) or deploy the
         planned ones; report the status (written when it changed) and post the Events."""
         run = self._read(body)
-        self._plan(run)
+        try:
+            self._plan(run)
+        except chattemplate.Queued:  # reconciled again when the check ends (Checker.nudge)
+            run.result.pending = True
+            return run.result
         status = self._keep_last_valid(run) if run.errors else self._deploy(run)
         self._report(run, status)
         for type_, reason, message in run.result.events:
@@ -280,7 +291,8 @@ class Reconciler:
                                         hf_token=self.hf_token() if self.hf_endpoint else False,
                                         default_prometheus_url=self.prometheus_url,
                                         allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
-                                        configs=self.configs, urls=self.urls, **kwargs)
+                                        configs=self.configs, urls=self.urls,
+                                        chat_template=self._template_check(run, spec.engine.chat_template), **kwargs)
         run.errors = [str(p) for p in run.plan.problems]
         if run.errors:
             return
@@ -293,6 +305,29 @@ class Reconciler:
         too_large = builders.oversized(run.desired)
         if too_large:
             run.errors = too_large
+
+    def _template_check(self, run: Pass, template: Optional[str]) -> Callable[[str], Optional[str]]:
+        """How this reconcile checks the chat template; its verdict, once known, goes into `run.template` (and
+        status.chatTemplate), and the one in the live status is trusted for the same digest."""
+        if not template:
+            return chattemplate.problem
+        key = chattemplate.digest(template)
+        live = run.status.get("chatTemplate")
+        stored = api.ChatTemplateStatus.from_live(live) if isinstance(live, dict) and live.get("digest") else None
+        checker = self.templates
+
+        def check(text: str) -> Optional[str]:
+            if checker is None:
+                why = chattemplate.problem(text)
+                found = chattemplate.known(key)[0]
+            else:
+                why = checker.verdict(text, (run.namespace, run.name),
+                                      (stored.digest, stored.problem) if stored is not None else None)
+                found = checker.known(key)[0]
+            if found:
+                run.template = api.ChatTemplateStatus(digest=key, problem=why[:1024] if why else None)
+            return why
+        return check
 
     def _keep_last_valid(self, run: Pass) -> api.VLLMServerStatus:
         """An invalid spec: nothing new is applied, the children of the last valid spec keep serving, and the
@@ -359,6 +394,7 @@ class Reconciler:
         Ready and Degraded transitions; the autoscaler's status cleared when autoscaling is off."""
         kstatus_reconciling(run.conditions)
         status.conditions = run.conditions.only(OWN_CONDITIONS)
+        status.chat_template = run.template
         new_status = status.wire()
         result = run.result
         ready_condition = condition(new_status, "Ready")
