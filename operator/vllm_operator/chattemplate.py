@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from . import bounds
+
 MAX_TEMPLATE_CHARS = 65536
 #: The child's default limits: address space (the interpreter and jinja2 take ~30 MiB of it), CPU seconds, wall
 #: clock. The chart's container has 256 MiB and the operator itself uses ~90 MiB of it.
@@ -325,7 +327,7 @@ def _run(template: str, limits: Limits = Limits()) -> Verdict:
         return Verdict(_over_limits(memory, limits))
     if answer["ok"] and answer["chars"] == 0:
         return Verdict("renders nothing for a sample conversation")
-    return Verdict(None if answer["ok"] else str(answer["error"]))
+    return Verdict(None if answer["ok"] else bounds.clean(str(answer["error"]), 1024))  # a tenant's words
 
 
 def _over_limits(memory: int, limits: Limits) -> str:

@@ -329,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="re-plan at most this many servers a minute whose running plan an operator upgrade changed "
                           "(0: only when a server's vllm-operator.io/replan annotation asks); docs/upgrades.md")
     run.add_argument("--health-port", type=int, default=8080, help="port of /metrics, /healthz and /readyz (0: off)")
+    run.add_argument("--metrics-token-file", metavar="PATH",
+                     help="/metrics answers only a caller sending this file's content as a bearer token (read at "
+                          "each request); docs/security.md")
+    run.add_argument("--metrics-public-server-series", action="store_true",
+                     help="serve the series that name each VLLMServer (namespace, name) on /metrics to callers "
+                          "without the token too (off: only with --metrics-token-file and the token)")
     run.add_argument("--chat-template-memory-mib", type=int, default=64, metavar="MIB",
                      help="address space of the child that checks one chat template (less when the operator's "
                           "cgroup has less to spare); docs/security.md")

@@ -328,7 +328,10 @@ def run(args: argparse.Namespace) -> int:
                     connections=kopfext.session.connection_limit(watched, len(namespaces)), registry=registry)
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (telemetry.py); kopf's own liveness endpoint stays off.
-    server = telemetry.serve(args.health_port, op.health, registry=metrics.registry) if args.health_port else None
+    access = telemetry.MetricsAccess(token_file=getattr(args, "metrics_token_file", None),
+                                     public_server_series=getattr(args, "metrics_public_server_series", False))
+    server = telemetry.serve(args.health_port, op.health, registry=metrics.registry,
+                             access=access) if args.health_port else None
     try:
         kopf.run(
             registry=registry,

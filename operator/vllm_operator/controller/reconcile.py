@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import api, builders, chattemplate, documents, pipeline, planner, podsecurity
+from .. import api, bounds, builders, chattemplate, documents, pipeline, planner, podsecurity
 from . import failures, kvcapacity, replan
 from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
 from ..kube import apierrors, events
@@ -325,7 +325,7 @@ class Reconciler:
                                       (stored.digest, stored.problem) if stored is not None else None)
                 found = checker.known(key)[0]
             if found:
-                run.template = api.ChatTemplateStatus(digest=key, problem=why[:1024] if why else None)
+                run.template = api.ChatTemplateStatus(digest=key, problem=bounds.clean(why, 1024) if why else None)
             return why
         return check
 
@@ -333,7 +333,7 @@ class Reconciler:
         """An invalid spec: nothing new is applied, the children of the last valid spec keep serving, and the
         status says why (SpecValid, Degraded and Stalled False/True with the reason)."""
         run.result.valid = False
-        message = "; ".join(run.errors)
+        message = bounds.message("; ".join(run.errors))
         old_valid = condition(run.status, "SpecValid")
         run.conditions.set("SpecValid", "False", run.reason, message)
         if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
@@ -395,7 +395,7 @@ class Reconciler:
         kstatus_reconciling(run.conditions)
         status.conditions = run.conditions.only(OWN_CONDITIONS)
         status.chat_template = run.template
-        new_status = status.wire()
+        new_status = bounds.bounded_status(status.wire())
         result = run.result
         ready_condition = condition(new_status, "Ready")
         result.ready = ready_condition is not None and ready_condition["status"] == "True"
@@ -431,7 +431,7 @@ class Reconciler:
         if run.result.outdated is None:
             run.conditions.remove("PlanOutdated")
             return
-        message = replan.message(run.result.outdated)
+        message = bounds.message(replan.message(run.result.outdated))
         old = run.conditions.get("PlanOutdated")
         if old is None or old.message != message:
             run.result.events.append(("Normal", "PlanOutdated", message))
@@ -513,7 +513,7 @@ class Reconciler:
                     message = apierrors.rejected_message(obj["kind"], obj["metadata"]["name"], e.status, e.message)
                     self._refused[key] = Refusal(digest, message, attempts,
                                                  self.monotonic() + apierrors.rejected_backoff(attempts))
-                    log.warning("%s/%s: %s", key[0], key[1], message)
+                    log.warning("%s/%s: %s", key[0], key[1], bounds.clean(message, bounds.EVENT_MESSAGE_CHARS))
                     return workload or self._live_workload(live, current), (apierrors.API_REJECTED, message)
                 if autoscaled and current is None:
                     self._adopt_replicas(applied, spec)
