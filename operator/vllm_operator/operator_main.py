@@ -120,10 +120,18 @@ def template_limits(args: argparse.Namespace) -> chattemplate.Limits:
         per_minute=getattr(args, "chat_template_checks_per_minute", None) or defaults.per_minute)
 
 
+def counted_check(template: str, limits: chattemplate.Limits) -> chattemplate.Verdict:
+    """One chat template checked in a child (chattemplate._run), counted in vllm_operator_chat_template_checks."""
+    verdict = chattemplate._run(template, limits)
+    telemetry.record_chat_template_check("error" if not verdict.definitive else "refused" if verdict.problem else "ok")
+    return verdict
+
+
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
     kube = Kube(client or api_client())
     check_server_version(kube)
-    return Reconciler(kube, hf_endpoint=hub_endpoint(args), templates=chattemplate.Checker(template_limits(args)),
+    return Reconciler(kube, hf_endpoint=hub_endpoint(args),
+                      templates=chattemplate.Checker(template_limits(args), run=counted_check),
                       hf_token=hub.token_reader(getattr(args, "hf_token_file", None)),
                       prometheus_url=getattr(args, "prometheus_url", None), events_of=events.FailureEvents(kube).of,
                       urls=url_policy(args),

@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import hmac
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -82,6 +83,10 @@ class Metrics:
         self.pod_scrape_bytes = Counter(
             "pod_scrape_bytes", "Bytes of the /metrics bodies the operator read from pods.", namespace=ns,
             registry=r)
+        self.chat_template_checks = Counter(
+            "chat_template_checks", "Chat templates checked in a child process, by result (ok, refused, error: the "
+            "check itself failed); a template whose digest was checked before (in memory or in its server's "
+            "status) is not counted.", ["result"], namespace=ns, registry=r)
         self.build_info = Gauge(
             "build_info", "The operator's version and the vLLM release its flags are checked against.",
             ["version", "vllm_version"], namespace=ns, registry=r)
@@ -174,6 +179,11 @@ def _remove(gauge: Gauge, namespace: str, name: str) -> None:
         pass
 
 
+def record_chat_template_check(result: str) -> None:
+    """One chat template was checked in a child: ok, refused or error."""
+    _metrics().chat_template_checks.labels(result=result).inc()
+
+
 def record_kopf_adaptation(name: str, applied: bool) -> None:
     _metrics().kopf_adaptation.labels(adaptation=name).set(1 if applied else 0)
 
@@ -236,7 +246,8 @@ class Health:
 PER_SERVER = frozenset({"vllm_operator_scaling_decisions", "vllm_operator_server_ready",
                         "vllm_operator_server_replicas", "vllm_operator_server_ready_replicas",
                         "vllm_operator_autoscaler_at_max_replicas"})
-#: Connections at once, in all and from one address; beyond, a new one is closed at once.
+#: Connections at once, in all and from one address. Beyond the first, the connection that has waited longest for
+#: its request is closed for the new one; beyond the second, the new one is closed at once.
 MAX_CONNECTIONS = 256
 MAX_CONNECTIONS_PER_PEER = 16
 #: Seconds a connection may take to send its request's head, and to take the answer.
@@ -281,14 +292,16 @@ class _Without:
 
 class HealthServer:
     """/metrics, /healthz and /readyz on one port, bounded by design: one asyncio loop on its own thread (not
-    kopf's, so /healthz can judge kopf's), a connection cap in all and per address, a deadline to send the request
-    and one to take the answer, one request per connection, and two threads for the work (the metrics' text, the
-    event loop check)."""
+    kopf's, so /healthz can judge kopf's), a connection cap in all (the longest idle gives way) and per address, a
+    deadline to send the request and one to take the answer, one request per connection, and two threads for the
+    work (the metrics' text, the event loop check)."""
 
     def __init__(self, host: str, port: int, health: Health, registry: CollectorRegistry, access: MetricsAccess):
         self.health, self.registry, self.access = health, registry, access
         self.active = self.peak = self.refused = 0
         self._peers: dict[str, int] = {}
+        self._waiting: "OrderedDict[int, asyncio.BaseTransport]" = OrderedDict()
+        self._evicted: set[int] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="vllm-operator-http")
         self._loop = asyncio.new_event_loop()
         self._server = self._loop.run_until_complete(
@@ -299,15 +312,23 @@ class HealthServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = str((writer.get_extra_info("peername") or ("?",))[0])
-        if self.active >= MAX_CONNECTIONS or self._peers.get(peer, 0) >= MAX_CONNECTIONS_PER_PEER:
+        if self._peers.get(peer, 0) >= MAX_CONNECTIONS_PER_PEER:
             writer.transport.abort()
             self.refused += 1
             return
+        if self.active >= MAX_CONNECTIONS and self._waiting:  # the one that waited longest gives way: a probe
+            key, oldest = self._waiting.popitem(last=False)    # always gets in, the memory stays bounded
+            oldest.abort()
+            self._evicted.add(key)
+            self.active -= 1
+            self.refused += 1
         self.active += 1
         self.peak = max(self.peak, self.active)
         self._peers[peer] = self._peers.get(peer, 0) + 1
+        self._waiting[id(writer)] = writer.transport
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
+            self._waiting.pop(id(writer), None)
             code, body, content_type = await self._answer(head.decode("latin-1"))
             writer.write(f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\nContent-Type: {content_type}\r\n"
                          f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
@@ -316,7 +337,11 @@ class HealthServer:
                 UnicodeError):
             pass
         finally:
-            self.active -= 1
+            self._waiting.pop(id(writer), None)
+            if id(writer) in self._evicted:  # counted out when it gave way
+                self._evicted.discard(id(writer))
+            else:
+                self.active -= 1
             self._peers[peer] -= 1
             if not self._peers[peer]:
                 del self._peers[peer]

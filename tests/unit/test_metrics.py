@@ -182,6 +182,7 @@ def test_idle_connections_cost_no_thread_are_capped_and_time_out(monkeypatch):
         while server.active + server.refused < len(sockets) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.peak == telemetry.MAX_CONNECTIONS and server.refused >= len(sockets) - server.peak
+        assert get(port, "/healthz")[0] == 200, "at the cap, the longest idle connection gives way to a new one"
         deadline = time.monotonic() + 10
         while server.active and time.monotonic() < deadline:
             time.sleep(0.1)
