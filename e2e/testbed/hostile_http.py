@@ -58,6 +58,12 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         self.close_connection = True
 
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        """As GET, the request's body recorded first (`HostileServer.bodies`)."""
+        length = int(self.headers.get("Content-Length") or 0)
+        self.server.bodies.append(self.rfile.read(length) if length else b"")  # type: ignore[attr-defined]
+        self.do_GET()
+
     def _head(self, reply: Reply) -> bytes:
         lines = [f"HTTP/1.1 {reply.status} Whatever {SECRET}", "Connection: close"]
         if not reply.unsized:
@@ -87,6 +93,7 @@ class HostileServer:
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads, self._server.block_on_close = True, False
         self._server.requests = []  # type: ignore[attr-defined]
+        self._server.bodies = []  # type: ignore[attr-defined]
         self.port = self._server.server_address[1]
         self.base = f"http://{host}:{self.port}"
 
@@ -99,6 +106,11 @@ class HostileServer:
     def requests(self) -> list[str]:
         """The paths asked for, in order."""
         return self._server.requests  # type: ignore[attr-defined]
+
+    @property
+    def bodies(self) -> list[bytes]:
+        """The bodies of the POSTs, in order."""
+        return self._server.bodies  # type: ignore[attr-defined]
 
     def __enter__(self) -> "HostileServer":
         threading.Thread(target=self._server.serve_forever, daemon=True).start()

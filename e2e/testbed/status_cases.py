@@ -158,6 +158,26 @@ def _kv_capacity(tokens: int) -> Callable[[World], None]:
     return scenario
 
 
+class _Adapters:
+    """controller/adapters.AdapterSync as the reconciler asks it: what each ready pod lists, a load that failed."""
+
+    def observe(self, namespace, server, refs, incarnations, wanted):
+        from vllm_operator.adapters import PodAdapters
+        return [PodAdapters(r.name, listed=frozenset({"sql"}), errors={"broken": "load: HTTP 404"}) for r in refs]
+
+
+def _adapters(world: World) -> None:
+    world.reconciler.adapter_sync = _Adapters()  # type: ignore[assignment]
+    world.reconcile()
+    _ready_pod(world)
+    world.workload_reports(ready=1)
+    world.reconcile()
+
+
+ADAPTERS = {"adapters": [{"name": "sql", "source": "org/sql-lora", "rank": 8},
+                         {"name": "broken", "source": "/cache/adapters/missing", "rank": 8}]}
+
+
 def _failure(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> Callable[[World], None]:
     """One failure case of tests/unit/test_failures.py: its pods (labelled as the workload's) and Events."""
     def scenario(world: World) -> None:
@@ -180,7 +200,7 @@ def _failure(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> Callab
 
 
 def reconciler_statuses() -> Statuses:
-    from tests.unit.test_failures import CASES
+    from e2e.testbed.failure_cases import CASES
 
     out: Statuses = {}
     for example in EXAMPLES:
@@ -202,6 +222,7 @@ def reconciler_statuses() -> Statuses:
     out["chat-template-refused"] = _case(lambda w: (w.reconcile(), w.reconcile()),
                                          {"engine": {"chatTemplate": "{{ raise_exception('no') }}"}})
     out["kv-capacity-as-planned"] = _case(_kv_capacity(10**9))
+    out["adapters-one-failing"] = _case(_adapters, ADAPTERS)
     out["kv-capacity-below-plan"] = _case(_kv_capacity(1000))
     for case_id, pods, events, now, *_ in CASES:
         if any("involvedObject" not in e for e in events):

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any, Optional
 
-from . import api, strategic_merge
+from . import adapters, api, strategic_merge
 from .catalog import gpus
 from .planner import GiB, Plan
 
@@ -113,6 +113,8 @@ def container_env(plan: Plan) -> list[dict[str, Any]]:
     if spec.hf_token_secret_ref is not None:
         ref = spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if spec.adapters:  # vLLM's runtime load/unload endpoints, only where the operator loads adapters
+        env.append({"name": adapters.RUNTIME_ENV, "value": "True"})
     env += [env_var(e) for e in spec.engine.env]
     return env
 

@@ -21,6 +21,7 @@ SEGMENTS = [  # (attribute or key, symbol, label)
     ("activation", "A", "activation peak"),
     ("non_torch", "O", "non-torch (cuBLAS, NCCL)"),
     ("cuda_graphs", "G", "CUDA graphs"),
+    ("lora", "L", "LoRA adapter slots"),
     ("kv_cache", "K", "KV cache"),
     ("reserved", "R", "reserved (gpu.reservedMemory)"),
     ("unused", ".", "outside budget (CUDA ctx, free)"),
@@ -37,12 +38,13 @@ def _read(path: str) -> str:
 def memory_rows(plan: Plan) -> list[tuple[str, str, int]]:
     m = plan.memory
     assert m is not None
-    used = m.weights + m.activation + m.non_torch + m.kv_cache + m.cuda_graphs + m.reserved
+    used = m.weights + m.activation + m.non_torch + m.kv_cache + m.cuda_graphs + m.lora + m.reserved
     values = {
         "weights": m.weights, "activation": m.activation, "non_torch": m.non_torch, "kv_cache": m.kv_cache,
-        "cuda_graphs": m.cuda_graphs, "reserved": m.reserved, "unused": max(0, m.total - used),
+        "cuda_graphs": m.cuda_graphs, "lora": m.lora, "reserved": m.reserved, "unused": max(0, m.total - used),
     }
-    return [(sym, label, values[key]) for key, sym, label in SEGMENTS]
+    # The LoRA slots' row only for a server with adapters (spec.adapters).
+    return [(sym, label, values[key]) for key, sym, label in SEGMENTS if key != "lora" or m.lora]
 
 
 def memory_bar(plan: Plan) -> str:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import kopf
 import urllib3
@@ -28,7 +28,7 @@ from kubernetes import config as k8s_config
 
 from . import api, builders, chattemplate, kopfext, telemetry
 from .sources import hub
-from .controller import replan
+from .controller import adapters as adapter_sync, replan
 from .kube import apierrors, events
 from .informers import cache, kopfindex
 from .informers.reader import ReadFailed
@@ -300,6 +300,23 @@ def register_handlers(registry: kopf.OperatorRegistry, op: Operator, *, resync_s
         kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="autoscaler", when=ownership.runs_operator_loop,
                     cancellation_timeout=30.0, registry=registry)(op.autoscaler)
 
+def _reconciles_on(op: Operator) -> Callable[[str, str], None]:
+    """What the adapter sync calls when a pod's adapters changed: one reconcile of that server on a thread of its
+    own (one at a time, so a burst of syncs queues instead of multiplying threads), which writes the status."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="adapters-notify")
+
+    def reconcile(namespace: str, name: str) -> None:
+        try:
+            op.reconcile(namespace, name, log)
+        except Exception as e:  # noqa: BLE001 - the timer's resync reconciles again
+            log.info("reconcile of %s/%s after an adapter change failed: %s", namespace, name, e)
+
+    def notify(namespace: str, name: str) -> None:
+        pool.submit(reconcile, namespace, name)
+
+    return notify
+
+
 # --------------------------------------------------------------------------- entry point
 def run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON if args.log_format == "json"
@@ -315,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
                                          urls=reconciler.urls)
     # status.kvCapacity: what vLLM allocated beside the plan, read through the autoscaler's bounded scrape pool.
     reconciler.kv_capacity = op.scaling.sources.kv_capacity
+    # spec.adapters loaded and unloaded on the ready pods in a bounded pool; a change it sees reconciles the server.
+    reconciler.adapter_sync = adapter_sync.AdapterSync(notify=_reconciles_on(op))
     namespaces = list(args.namespace)
     registry = kopf.OperatorRegistry()
     register_handlers(registry, op, resync_seconds=args.resync_seconds)

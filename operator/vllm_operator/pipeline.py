@@ -10,8 +10,8 @@ import re
 from typing import Any, Callable, Optional, Union
 
 
-from . import api, catalog, chattemplate, escape_hatches, planner
-from .sources import model_facts
+from . import adapters, api, catalog, chattemplate, escape_hatches, planner
+from .sources import hub, model_facts
 from .urlpolicy import URLPolicy
 from .validation import Problem
 
@@ -39,6 +39,39 @@ def quantized_base_name(name: str) -> Optional[str]:
     return None
 
 
+def adapter_facts(spec: api.VLLMServerSpec, hf_endpoint: Optional[str],
+                  configs: Optional[model_facts.ConfigCache] = None,
+                  read: Callable[..., Any] = hub.file_json) -> dict[str, adapters.AdapterFacts]:
+    """Each spec.adapters entry's adapter_config.json facts (adapters.parse_config): read from the Hub (`read`,
+    bounded; kept in `configs` between reconciles like config.json), or why not (a path in the pods' cache, no
+    Hub endpoint, a failed read), by adapter name."""
+    out: dict[str, adapters.AdapterFacts] = {}
+    for a in spec.adapters:
+        if not api.is_hub_model(a.source):
+            out[a.name] = adapters.AdapterFacts(error="is a path in the pod, which the planner cannot read")
+            continue
+        if not hf_endpoint:
+            out[a.name] = adapters.AdapterFacts(error="was not read (offline: no Hub endpoint)")
+            continue
+        endpoint = hf_endpoint
+
+        def load(source: str = a.source, revision: Optional[str] = a.revision) -> adapters.AdapterFacts:
+            facts = adapters.parse_config(read(source, "adapter_config.json", revision, endpoint=endpoint))
+            if facts.error:
+                raise ValueError(facts.error.removeprefix("adapter_config.json "))
+            return facts
+
+        try:
+            if configs is None:
+                out[a.name] = load()
+            else:
+                out[a.name], _ = configs.facts(hub.file_url(a.source, "adapter_config.json", a.revision, endpoint),
+                                               a.revision, load)
+        except ValueError as err:
+            out[a.name] = adapters.AdapterFacts(error=str(err))
+    return out
+
+
 def plan_server(
     name: str,
     namespace: str,
@@ -53,6 +86,7 @@ def plan_server(
     urls: Optional[URLPolicy] = None,
     hf_token: Union[str, bool, None] = False,
     chat_template: Callable[[str], Optional[str]] = chattemplate.problem,
+    read_file: Callable[..., Any] = hub.file_json,
 ) -> planner.Plan:
     """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan.
 
@@ -61,7 +95,8 @@ def plan_server(
     operator). `configs`: the operator's cache of fetched config.json facts. `urls`: the operator's URL
     settings: a configURL outside them is a problem, and is not fetched. `chat_template`: why a chat template cannot
     be used (chattemplate.problem; the operator's Checker, which may raise chattemplate.Queued). `hf_endpoint`: the Hub a model outside the
-    catalog is looked up on (None: none, offline); `hf_token`: the token sent to it (hub.lookup's `token`)."""
+    catalog is looked up on (None: none, offline); `hf_token`: the token sent to it (hub.lookup's `token`).
+    `read_file`: how a small JSON file of a Hub repo is read (the adapters' adapter_config.json; hub.file_json)."""
     model_error = None
     model_error_field = "spec.model.architecture"
     base = None
@@ -90,9 +125,10 @@ def plan_server(
         # an explicitly named config.json that cannot be read: the field that named it is at fault
         model, model_error = None, str(exc)
         model_error_field = "spec.model.configURL" if spec.model.config_url else "spec.model.name"
+    facts = adapter_facts(spec, hf_endpoint, configs, read=read_file) if spec.adapters else {}
     plan = planner.plan(name, namespace, spec, model, model_error=model_error, model_error_field=model_error_field,
                         default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args,
-                        urls=urls)
+                        urls=urls, adapter_facts=facts)
     if model is not None:
         plan.notes.extend(model.notes)
     if spec.engine.chat_template:

@@ -49,6 +49,12 @@ OWNED_FLAGS: dict[str, str] = {
     "--chat-template": "spec.engine.chatTemplate (checked before it is applied)",
     "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds (the pod's grace period follows it)",
     "--max-num-queued-reqs": "spec.engine.maxNumQueuedReqs (checked against the autoscaler's target)",
+    "--enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
+    "--no-enable-lora": "spec.adapters (planned and loaded at runtime: docs/adapters.md)",
+    "--max-loras": "spec.engine.maxLoras (with spec.adapters)",
+    "--max-cpu-loras": "spec.adapters (every adapter stays in host memory)",
+    "--max-lora-rank": "spec.engine.maxLoraRank (with spec.adapters)",
+    "--lora-modules": "spec.adapters (loaded at runtime on every replica)",
 }
 
 #: Flags seen in blog posts and old docs that vLLM rejects, with what to do instead.

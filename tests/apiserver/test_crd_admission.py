@@ -136,6 +136,19 @@ REFUSED = [
     ("a MIG resource name", {"gpu__resourceName": "nvidia.com/mig-1g.10gb"}, "spec.gpu.resourceName",
      "migProfile"),
     ("another vendor's resource", {"gpu__resourceName": "amd.com/gpu"}, "spec.gpu.resourceName", "should match"),
+    # LoRA adapters (docs/adapters.md)
+    ("an adapter name with a space", {"adapters": [{"name": "a b", "source": "org/a"}]}, "spec.adapters[0].name",
+     "should match"),
+    ("an adapter source that is a URL", {"adapters": [{"name": "a", "source": "https://x/a"}]},
+     "spec.adapters[0].source", "should match"),
+    ("an adapter path with ..", {"adapters": [{"name": "a", "source": "/cache/../etc"}]}, "spec.adapters[0].source",
+     "without '..'"),
+    ("a revision of a path", {"adapters": [{"name": "a", "source": "/cache/a", "revision": "main"}]},
+     "spec.adapters[0].revision", "a Hub repo"),
+    ("an adapter name twice", {"adapters": [{"name": "a", "source": "/cache/a"}, {"name": "a", "source": "/cache/b"}]},
+     "spec.adapters[1]", "Duplicate value"),
+    ("too many adapters", {"adapters": [{"name": f"a{i}", "source": f"/cache/a{i}"} for i in range(33)]},
+     "spec.adapters", "Too many"),
 ]
 
 

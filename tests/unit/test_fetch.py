@@ -237,3 +237,22 @@ def test_what_is_not_json(raw):
     with pytest.raises(fetch.FetchError) as info:
         fetch.load_json(raw)
     assert str(info.value) == "not JSON"
+
+
+# --------------------------------------------------------------------------- POST (vLLM's runtime adapter endpoints)
+def test_post_json_sends_the_payload_and_returns_the_answer():
+    with HostileServer({"/v1/load_lora_adapter": Reply(200, b"Success")}) as s:
+        assert fetch.post_json(f"{s.base}/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/x"}, seconds=1,
+                               max_bytes=1024) == b"Success"
+        assert json.loads(s.bodies[0]) == {"lora_name": "a", "lora_path": "/x"}
+
+
+def test_post_json_has_gets_bounds():
+    with HostileServer({"/redirect": redirect_to("/secret", 307), "/secret": secret_page(),
+                        "/slow": Reply(200, b"x" * 300, trickle=0.1), "/big": Reply(200, b"x" * 5000)}) as s:
+        for path, category in (("/redirect", "redirect refused"), ("/nothing", "HTTP 404"), ("/slow", "timed out"),
+                               ("/big", "response larger than 1024 bytes")):
+            with pytest.raises(fetch.FetchError) as info:
+                fetch.post_json(f"{s.base}{path}", {}, seconds=1.0, max_bytes=1024)
+            assert str(info.value) == category and SECRET not in str(info.value)
+        assert "/secret" not in s.requests

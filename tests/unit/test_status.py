@@ -32,13 +32,16 @@ def statuses() -> dict[str, list[dict]]:
 def test_the_cases_cover_every_condition_and_field_the_operator_writes():
     conditions = {c["type"] for sent in statuses().values() for s in sent for c in s.get("conditions") or []}
     assert conditions == {"SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled",
-                          "Reconciling", "PlanOutdated", "ExtraArgsUnchecked", "AutoscalingActive", "AutoscalingLimited"}
+                          "Reconciling", "PlanOutdated", "ExtraArgsUnchecked", "AdaptersReady", "AutoscalingActive",
+                          "AutoscalingLimited"}
     fields = {k for sent in statuses().values() for s in sent for k in s}
     assert fields == set(api.VLLMServerStatus.model_json_schema(by_alias=True)["properties"])
     kv = {k for sent in statuses().values() for s in sent for k in s.get("kvCapacity") or {}}
     assert kv == set(api.KVCapacityStatus.model_json_schema(by_alias=True)["properties"])
     template = {k for sent in statuses().values() for s in sent for k in s.get("chatTemplate") or {}}
     assert template == set(api.ChatTemplateStatus.model_json_schema(by_alias=True)["properties"])
+    adapters = {k for sent in statuses().values() for s in sent for a in s.get("adapters") or [] for k in a}
+    assert adapters == set(api.AdapterStatus.model_json_schema(by_alias=True)["properties"])
     scaling = {k for sent in statuses().values() for s in sent for k in s.get("autoscaling") or {}}
     assert scaling == set(api.AutoscalingStatus.model_json_schema(by_alias=True)["properties"])
 

@@ -108,7 +108,9 @@ def run_row(row: dict, deadline: float) -> dict:
                               if any(k in l for k in ("Error", "error:", "larger than", "out of memory"))][-8:]
     res["row"] = {k: v for k, v in row.items() if k != "model_dir"}
     res.update(runner_wall_s=round(wall, 1), gpu_used_mib_before=used_before, gpu_used_mib_after=used_after)
-    json.dump(res, open(f"{RESULTS}/{rid}.json", "w"), indent=1, default=str)
+    # A row the command's deadline cut before vLLM sized its KV cache is not done: the next command runs it again.
+    cut = killed == "timeout" and timeout < row.get("timeout_s", 300) and not res.get("log_kv_tokens")
+    json.dump(res, open(f"{RESULTS}/{rid}{'.cut' if cut else ''}.json", "w"), indent=1, default=str)
     with open(f"{RESULTS}/{rid}.log", "w") as mf:
         mf.write("\n".join(memlog.keep(txt)) + "\n")
     return res

@@ -24,6 +24,11 @@ import time
 import urllib.request
 
 PORT = 8000
+#: The prompts go as token ids (/v1/completions takes a list of ints), so no tokenizer splits them: transformers 5
+#: loaded the word-level tokenizer of a Qwen2 model as its own BPE class, which turned "w10 w11 w12 w13" into no
+#: tokens at all (e-qwen-32b-awq in the second GPU session: "The decoder prompt cannot be empty"; this change has not
+#: run on the GPU yet).
+PROMPT_IDS = [10, 11, 12, 13]
 
 
 def tokenizer_files(vocab_size: int) -> dict:
@@ -161,7 +166,7 @@ def main() -> None:
     s["metrics_full_status"], s["metrics_full_bytes"] = code, len(body)
     served = row["served_name"]
     t = time.time()
-    code, body = post("/v1/completions", {"model": served, "prompt": "w10 w11 w12 w13", "max_tokens": 32,
+    code, body = post("/v1/completions", {"model": served, "prompt": PROMPT_IDS, "max_tokens": 32,
                                           "ignore_eos": True, "temperature": 0})
     s["completion_status"], s["completion_s"] = code, round(time.time() - t, 2)
     try:
@@ -174,7 +179,7 @@ def main() -> None:
     n = row["drain_tokens"]
     events: list = []
     done = threading.Event()
-    body = {"model": served, "prompt": "w10 w11 w12 w13", "max_tokens": n, "ignore_eos": True, "stream": True,
+    body = {"model": served, "prompt": PROMPT_IDS, "max_tokens": n, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     th = threading.Thread(target=stream, args=(body, events, done), daemon=True)
     th.start()
@@ -188,7 +193,7 @@ def main() -> None:
     tokens_at_term = max([e[1] for e in events if isinstance(e[1], int)] or [0])
     server.send_signal(signal.SIGTERM)
     time.sleep(0.5)
-    code, body = post("/v1/completions", {"model": served, "prompt": "w1", "max_tokens": 4}, timeout=5)
+    code, body = post("/v1/completions", {"model": served, "prompt": [1], "max_tokens": 4}, timeout=5)
     s["new_request_after_sigterm"] = {"status": code, "body": body[:200].decode(errors="replace")}
     done.wait(row["shutdown_timeout_s"] + 30)
     t_end = time.time()

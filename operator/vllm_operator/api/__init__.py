@@ -24,12 +24,12 @@ from .kube_types import (
     SecretKeySelector, SecretVolumeSource, Toleration, Volume, VolumeMount,
 )
 from .spec import (
-    AUTOSCALING_TOLERANCE, AutoscalingSpec, CacheSpec, EngineSpec, GPUSpec, ModelArchitecture, ModelSpec,
-    NOT_A_FLAG_PATTERN, ObjectMeta, Quantization, VLLMServer, VLLMServerSpec, WorkloadProfile,
+    AUTOSCALING_TOLERANCE, AdapterSpec, ADAPTER_NAME_PATTERN, AutoscalingSpec, CacheSpec, EngineSpec, GPUSpec, ModelArchitecture, ModelSpec,
+    MAX_ADAPTERS, NOT_A_FLAG_PATTERN, ObjectMeta, Quantization, VLLMServer, VLLMServerSpec, WorkloadProfile,
     downloads_in_init_container, is_hub_model,
 )
 from .status import (
-    AutoscalingStatus, ChatTemplateStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
+    AdapterStatus, AutoscalingStatus, ChatTemplateStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
 )
 
 __all__ = [
@@ -43,8 +43,8 @@ __all__ = [
     "EmptyDirVolumeSource", "EnvVar", "EnvVarSource", "KeyToPath", "MAX_EXTRA_CONTAINERS", "MAX_EXTRA_VOLUMES",
     "OPERATOR_CONTAINERS", "OPERATOR_MOUNT_PATHS", "OPERATOR_VOLUMES", "OWNED_ENV", "ResourceOverrides",
     "SecretKeyRef", "SecretKeySelector", "SecretVolumeSource", "Toleration", "Volume", "VolumeMount",
-    "AUTOSCALING_TOLERANCE", "AutoscalingSpec", "CacheSpec", "EngineSpec", "GPUSpec", "ModelArchitecture",
+    "AUTOSCALING_TOLERANCE", "AdapterSpec", "ADAPTER_NAME_PATTERN", "MAX_ADAPTERS", "AutoscalingSpec", "CacheSpec", "EngineSpec", "GPUSpec", "ModelArchitecture",
     "ModelSpec", "NOT_A_FLAG_PATTERN", "ObjectMeta", "Quantization", "VLLMServer", "VLLMServerSpec",
-    "WorkloadProfile", "downloads_in_init_container", "is_hub_model", "AutoscalingStatus", "Condition",
+    "WorkloadProfile", "downloads_in_init_container", "is_hub_model", "AdapterStatus", "AutoscalingStatus", "Condition",
     "ChatTemplateStatus", "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus",
 ]

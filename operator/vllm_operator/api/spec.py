@@ -9,6 +9,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    model_validator,
 )
 
 from .names import (
@@ -145,6 +146,49 @@ def downloads_in_init_container(model: ModelSpec) -> bool:
     return model.download == "InitContainer" and is_hub_model(model.name)
 
 
+# --------------------------------------------------------------------------- adapters
+#: Most adapters one server serves (spec.adapters): each is a served model name, a load call on every replica and
+#: a row of status.adapters.
+MAX_ADAPTERS = 32
+#: An adapter's name: a served model name clients put in the OpenAI API's "model" field (vLLM takes any string;
+#: these characters keep it one path segment, one URL-safe token and one line in status and Events).
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+#: An adapter's source: a Hugging Face repo id (org/name) or an absolute path in the pod (no '..', no control
+#: characters).
+ADAPTER_SOURCE_PATTERN = r"^(/[^\x00-\x1f\x7f]*|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)$"
+
+
+class AdapterSpec(_Model):
+    """A LoRA adapter of the served model, loaded on every replica at runtime (docs/adapters.md)."""
+
+    model_config = ConfigDict(json_schema_extra=_rules(
+        cel("!has(self.revision) || !self.source.startsWith('/')",
+            "a revision names a commit of a Hub repo; a path has none", ".revision"),
+        cel("!self.source.contains('/../') && !self.source.endsWith('/..')", "a path without '..'", ".source"),
+    ))
+
+    @model_validator(mode="after")
+    def _no_parent_segments(self) -> "AdapterSpec":
+        if "/../" in self.source or self.source.endswith("/.."):
+            raise ValueError("source: a path without '..'")
+        if self.revision is not None and self.source.startswith("/"):
+            raise ValueError("revision: names a commit of a Hub repo; a path has none")
+        return self
+
+    name: str = Field(..., min_length=1, max_length=64, pattern=ADAPTER_NAME_PATTERN)
+    """The served model name clients use in the OpenAI API's "model" field for this adapter; letters, digits, '.',
+    '_' and '-', unique in the server and not the base model's served name."""
+    source: str = Field(..., min_length=3, max_length=512, pattern=ADAPTER_SOURCE_PATTERN)
+    """Where the adapter is: a Hugging Face repo id (org/name; vLLM downloads it into the model cache) or an
+    absolute path in the pod, a directory holding adapter_config.json and the weights: in the model cache volume
+    (/cache/...) or a volume of spec.volumes (an existing claim, a ConfigMap). No '..'."""
+    revision: Optional[str] = Field(None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    """Hub source only: the branch, tag or commit the planner reads adapter_config.json at (default: main)."""
+    rank: Optional[int] = Field(None, ge=1, le=512)
+    """The adapter's LoRA rank (adapter_config.json's r). Read from the Hub when omitted; required for a path in
+    the cache, which the planner cannot read. A larger rank in adapter_config.json wins."""
+
+
 # --------------------------------------------------------------------------- gpu
 class GPUSpec(_Model):
     """The NVIDIA GPUs each server gets."""
@@ -235,6 +279,13 @@ class EngineSpec(_Model):
     chat_template: Optional[str] = Field(None, min_length=1, max_length=65536, alias="chatTemplate")
     """A Jinja2 chat template (--chat-template) instead of the model's own; rendered with a sample conversation in
     the sandbox vLLM uses before anything is applied, so one that does not parse or raises is refused here."""
+    max_loras: Optional[int] = Field(None, ge=1, le=32, alias="maxLoras")
+    """With spec.adapters: adapters one batch may use at once, each in a GPU slot of maxLoraRank (--max-loras);
+    default 4, whatever the number of adapters (a changed flag restarts the pods). Each slot costs GPU memory
+    (status.plan.estimates.loraBytesPerGpu)."""
+    max_lora_rank: Optional[int] = Field(None, ge=1, le=512, alias="maxLoraRank")
+    """With spec.adapters: the rank every slot is sized for (--max-lora-rank), one of the image's vLLM release's
+    choices and at least the largest adapter's rank; default: the smallest such choice, at least 16."""
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, alias="extraArgs", max_length=128)
     """More vLLM flags, passed verbatim after the derived ones; a flag the operator derives is refused here."""
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
@@ -350,6 +401,11 @@ class VLLMServerSpec(_Model):
     """The traffic to size the engine for."""
     engine: EngineSpec = Field(default_factory=EngineSpec)
     """Engine settings that override derived ones."""
+    adapters: list[AdapterSpec] = Field(default_factory=list, max_length=MAX_ADAPTERS,
+                                        json_schema_extra=_list_map("name"))
+    """LoRA adapters of the model, served under their own names beside it: planned (rank, memory), loaded and
+    unloaded on every ready replica at runtime without a restart, their state in status.adapters
+    (docs/adapters.md)."""
     cache: Optional[CacheSpec] = None
     """Hugging Face cache volume; an emptyDir when omitted (the model is downloaded at every start)."""
     hf_token_secret_ref: Optional[SecretKeyRef] = Field(None, alias="hfTokenSecretRef")

@@ -44,7 +44,7 @@ class Condition(_Status):
 
     type: str
     """Condition type: SpecValid, Ready, Progressing, Degraded, Stalled, Reconciling, ExternalScaler,
-    PlanOutdated, ExtraArgsUnchecked (the reconciler's); AutoscalingActive, AutoscalingLimited (the autoscaler's)."""
+    PlanOutdated, ExtraArgsUnchecked, AdaptersReady (the reconciler's); AutoscalingActive, AutoscalingLimited (the autoscaler's)."""
     status: Literal["True", "False", "Unknown"]
     """True, False or Unknown."""
     reason: str = ""
@@ -84,6 +84,9 @@ class PlanEstimates(_Status):
     """Fraction of GPU memory vLLM may use."""
     startup_seconds: Optional[int] = Field(None, alias="startupSeconds")
     """Time allowed for the model to load before the startup probe gives up."""
+    lora_bytes_per_gpu: Optional[int] = Field(None, alias="loraBytesPerGpu")
+    """The LoRA adapters' GPU slots (--max-loras x --max-lora-rank over every adapted layer), taken from the KV
+    cache's share of the budget."""
 
 
 class PlanStatus(_Status):
@@ -143,6 +146,19 @@ class ChatTemplateStatus(_Status):
     """Why vLLM could not use it; absent when it can."""
 
 
+class AdapterStatus(_Status):
+    """One adapter of spec.adapters on the ready replicas."""
+
+    name: str
+    """The adapter's served model name."""
+    loaded: int = 0
+    """Ready replicas whose vLLM lists the adapter in /v1/models (it serves requests naming it there)."""
+    replicas: int = 0
+    """Ready replicas the operator reached."""
+    last_error: Optional[str] = Field(None, alias="lastError")
+    """The last failure to load it, as a category (the pod, the call, the HTTP status): never the answer's bytes."""
+
+
 class VLLMServerStatus(_Status):
     """Observed state of a vLLM server."""
 
@@ -153,7 +169,7 @@ class VLLMServerStatus(_Status):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """SpecValid, Ready, Progressing, Degraded, Stalled, Reconciling, ExternalScaler, PlanOutdated,
-    ExtraArgsUnchecked, AutoscalingActive, AutoscalingLimited."""
+    ExtraArgsUnchecked, AdaptersReady, AutoscalingActive, AutoscalingLimited."""
     replicas: Optional[int] = None
     """Pods the workload wants."""
     ready_replicas: Optional[int] = Field(None, alias="readyReplicas")
@@ -168,5 +184,11 @@ class VLLMServerStatus(_Status):
     """The autoscaler's last decision."""
     kv_capacity: Optional[KVCapacityStatus] = Field(None, alias="kvCapacity")
     """The plan's KV cache tokens per replica beside what vLLM allocated on the ready pods."""
+    adapters: Optional[list[AdapterStatus]] = Field(None, json_schema_extra={"x-kubernetes-list-type": "map",
+                                                                               "x-kubernetes-list-map-keys": ["name"]})
+    """spec.adapters on the ready replicas: loaded on how many, the last error (condition AdaptersReady sums it up)."""
+    served_models: Optional[list[str]] = Field(None, alias="servedModels")
+    """The model names clients may send in the "model" field: the base model's served name and each adapter's,
+    as the ready replicas list them in /v1/models (an adapter counts once every reached replica serves it)."""
     chat_template: Optional[ChatTemplateStatus] = Field(None, alias="chatTemplate")
     """The digest of the chat template last checked, and its verdict."""

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import api, bounds, builders, chattemplate, documents, pipeline, planner, podsecurity
-from . import failures, kvcapacity, replan
+from .. import adapters as lora, api, bounds, builders, chattemplate, documents, pipeline, planner, podsecurity
+from . import adapters, failures, kvcapacity, replan
 from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
 from ..kube import apierrors, events
 from ..sources import model_facts, vllm_metrics
@@ -35,9 +35,9 @@ log = logging.getLogger("vllm_operator.controller.reconcile")
 #: Status fields this reconciler owns (server-side apply on /status under its field manager);
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
-              "kvCapacity", "chatTemplate")
+              "kvCapacity", "adapters", "servedModels", "chatTemplate")
 OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
-                  "PlanOutdated", EXTRA_ARGS_UNCHECKED)
+                  "PlanOutdated", EXTRA_ARGS_UNCHECKED, "AdaptersReady")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
@@ -50,7 +50,7 @@ NAME_CONFLICT = "NameConflict"
 #: changes.
 BLOCKED_REASONS = (NAME_CONFLICT, apierrors.API_REJECTED)
 #: Status fields an invalid spec leaves as they are: what the last valid spec deployed still serves.
-KEPT_WHILE_INVALID = ("selector", "endpoint", "plan", "kvCapacity")
+KEPT_WHILE_INVALID = ("selector", "endpoint", "plan", "kvCapacity", "adapters", "servedModels")
 
 
 def utcnow() -> str:
@@ -227,6 +227,9 @@ class Reconciler:
     #: The operator's chat template checks (bounded, rated, on their own threads); None: checked in the calling
     #: thread (chattemplate.problem: the CLI, tests).
     templates: Optional[chattemplate.Checker] = None
+    #: Loads and unloads spec.adapters on the ready pods (controller/adapters.py), for status.adapters; None: the
+    #: adapters are planned but not loaded (tests that build a Reconciler).
+    adapter_sync: Optional[adapters.AdapterSync] = None
     _keda: Optional[tuple[bool, float]] = field(default=None, repr=False)
     _namespaces: dict[str, tuple[Optional[dict[str, str]], float]] = field(default_factory=dict, repr=False)
     #: (namespace, server) -> the apply the API server last refused, held back until its slow retry is due.
@@ -350,7 +353,8 @@ class Reconciler:
         kept = api.VLLMServerStatus.from_live({k: run.status[k] for k in KEPT_WHILE_INVALID if k in run.status})
         return api.VLLMServerStatus(observed_generation=run.generation, replicas=progress["desired"],
                                     ready_replicas=progress["ready"], selector=kept.selector,
-                                    endpoint=kept.endpoint, plan=kept.plan, kv_capacity=kept.kv_capacity)
+                                    endpoint=kept.endpoint, plan=kept.plan, kv_capacity=kept.kv_capacity,
+                                    adapters=kept.adapters, served_models=kept.served_models)
 
     def _deploy(self, run: Pass) -> api.VLLMServerStatus:
         """A valid spec: apply what is not live yet, prune what is no longer wanted, and read how the workload and
@@ -383,11 +387,12 @@ class Reconciler:
         plan = api.PlanStatus.model_validate(run.plan.status())
         if run.result.outdated is not None and "plan" in run.status:
             plan = api.PlanStatus.from_live(run.status["plan"])  # the plan the running pods were deployed with
+        rows, served = self._adapters(run, pods)
         return api.VLLMServerStatus(
             observed_generation=run.generation, replicas=progress["desired"], ready_replicas=progress["ready"],
             selector=builders.selector_string(run.name) if serves else None,
             endpoint=f"http://{run.name}.{run.namespace}.svc:{builders.PORT}/v1" if serves else None,
-            plan=plan, kv_capacity=self._kv_capacity(run, pods))
+            plan=plan, kv_capacity=self._kv_capacity(run, pods), adapters=rows, served_models=served)
 
     def _report(self, run: Pass, status: api.VLLMServerStatus) -> None:
         """The conditions this reconciler owns into the status, which is written when it changed; the Events of
@@ -452,6 +457,31 @@ class Reconciler:
         if kv is None:
             return None
         return api.KVCapacityStatus.from_live(previous) if kv is previous else api.KVCapacityStatus.model_validate(kv)
+
+    def _adapters(self, run: Pass, pods: list[dict[str, Any]]
+                  ) -> tuple[Optional[list[api.AdapterStatus]], Optional[list[str]]]:
+        """status.adapters and servedModels from what the ready pods list (the sync loads and unloads in the
+        background: controller/adapters.py), the AdaptersReady condition, and a Warning event for each new
+        failure."""
+        assert run.spec is not None
+        spec = run.spec
+        if not spec.adapters or self.adapter_sync is None:
+            run.conditions.remove("AdaptersReady")
+            return None, None
+        wanted = tuple((a.name, a.source) for a in spec.adapters)
+        refs = vllm_metrics.ready_pods(pods)
+        known = self.adapter_sync.observe(run.namespace, run.name, refs, adapters.incarnations(pods), wanted)
+        rows = lora.adapter_rows([a.name for a in spec.adapters], known)
+        previous = {r.get("name"): r.get("lastError") for r in run.status.get("adapters") or [] if isinstance(r, dict)}
+        sources = {a.name: a.source for a in spec.adapters}
+        for row in rows:
+            if row.get("lastError") and row["lastError"] != previous.get(row["name"]):
+                run.result.events.append(("Warning", "AdapterLoadFailed", f"adapter {row['name']} "
+                                          f"({sources[row['name']]}) did not load on {row['lastError']}; the model "
+                                          "and the other adapters keep serving"))
+        run.conditions.set("AdaptersReady", *lora.condition(rows))
+        return ([api.AdapterStatus.model_validate(r) for r in rows],
+                lora.served_models(spec.model.served_name or spec.model.name, rows))
 
     def _names_taken(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
                      uid: str) -> list[dict[str, Any]]:

@@ -35,7 +35,13 @@ ASSUMPTIONS: dict[str, tuple[float, str]] = {
         "above the weights, i.e. ~6.4 x hidden), rounded up",
     ),
     "context_headroom": (0.90, "derived --max-model-len stays within 90% of the estimated KV tokens"),
-    "quant_overhead": (1.03, "scales and zero points of 4-bit group quantization (group size 128)"),
+    "quant_overhead": (
+        1.07,
+        "4-bit group quantization (group size 128) beside its 0.5 bytes a weight: an fp16 scale and a 4-bit zero point "
+        "per group are 1.039 x (AWQ Marlin's qweight, scales, qzeros); vLLM 0.26.0 loaded 5.38 GiB for Qwen2.5-7B-AWQ "
+        "and 18.49 GiB for Qwen2.5-32B-AWQ on an H200 (tests/data/gpu q01, q04): 1.07 holds both (1.03 left the 32B "
+        "0.61 GiB under: +0.59% KV promised)",
+    ),
     "load_bandwidth": (200e6, "conservative bytes/s to download or read weights at start"),
     "engine_init_seconds": (240, "engine start after weights: profiling, torch.compile, CUDA graphs"),
     "startup_floor_seconds": (600, "never give a model less than this to start"),
@@ -92,6 +98,11 @@ class ProfileTerms:
     larger of the forward pass and one vocabulary x hidden matrix plus `v2_peak_margin` (runs_v2, activation_bytes)."""
     v2_peak_margin: float = 0.0
     """What V2's measured peak adds to that larger term, bytes."""
+    moe_workspace_factor: float = 0.0
+    """A mixture of experts' fused-MoE workspace, which the profile's forward pass leaves allocated through the
+    sampler's dummy run (vllm/v1/worker/workspace.py WorkspaceManager keeps it for the process;
+    fused_moe/modular_kernel.py takes workspace13/workspace2 from it): this many x max_num_batched_tokens x hidden x
+    dtype bytes on top of the larger of the forward pass and the sampler (V1 runner only)."""
     graphs_in_budget: float = 0.75 * GiB
     """The CUDA-graph estimate taken from the budget where it is (cuda_graphs_in_budget and not V2), bytes."""
     videos_profiled: bool = True
@@ -133,14 +144,18 @@ PROFILE_TERMS: tuple[ProfileTerms, ...] = (
                "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default; eugr/spark-vllm-docker#396 on 0.29: "
                "'the CUDA-graph memory profiling (default since v0.21)')"),
     ProfileTerms(
-        since=(0, 26), logits_bytes=39, non_torch=0.24 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
+        since=(0, 26), logits_bytes=14, non_torch=0.24 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
         concurrent_batches=2, v2_runner=True, v2_peak_margin=0.13 * GiB, graphs_in_budget=0.5 * GiB,
+        moe_workspace_factor=24,
         source="vLLM 0.26.0 on an H200 (tests/data/gpu, bench/gpu; docs/sizing.md 'vLLM 0.26.0 on an H200'): dense "
                "models run on Model Runner V2, whose profile_cudagraph_memory returns 0 (graphs captured after the KV "
                "cache: 0.15 GiB for Llama-3.1-8B at 20 sequences) and whose peak is max(forward pass, vocabulary x "
                "hidden) + 0.13 GiB on a cold torch.compile (Llama-3.1-8B 1.104 GiB, Gemma 2 9B 1.818, Qwen2.5-0.5B "
                "0.355); mixtures of experts run on V1, which estimates 0.45-0.49 GiB of graphs inside the budget "
-               "(Qwen3-30B-A3B) and peaks below the 39-byte sampler term; non-torch 0.225 (V2) and 0.240 GiB (V1); "
+               "(Qwen3-30B-A3B) and peaks at 14 bytes per logit of max_num_seqs x vocabulary "
+               "(v1/worker/gpu_model_runner.py _dummy_sampler_run; Qwen3-30B-A3B 2.675 GiB at 1024 x 151,936, gpt-oss-20b 2.872 at 1024 x 201,088) "
+               "plus the fused-MoE workspace the forward pass leaves (moe_workspace_factor 24: Qwen3-30B-A3B at 4,096 "
+               "and 8,192 batched tokens, Mixtral-8x7B 1.866 GiB); non-torch 0.225 (V2) and 0.240 GiB (V1); "
                "'Asynchronous scheduling is enabled': two batches in flight (Mistral-7B-v0.1's window reproduces to "
                "10 tokens in 1,455,912). TP overhead not measured (one GPU)"),
     ProfileTerms(

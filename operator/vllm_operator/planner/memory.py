@@ -257,6 +257,8 @@ def activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_num_s
         logits = (terms or profile_terms()).logits_bytes
         sampler = rows * arch.vocab_size * logits + batched_tokens * arch.hidden_size * elem_bytes
         language = max(forward, sampler)
+        if arch.num_experts:  # the fused-MoE workspace stays allocated through the sampler's run
+            language += terms.moe_workspace_factor * batched_tokens * arch.hidden_size * elem_bytes
     tower, embeddings = vision_profile_bytes(arch, tp, batched_tokens, elem_bytes, max_model_len, terms, limits)
     return int(max(tower, embeddings + language))
 

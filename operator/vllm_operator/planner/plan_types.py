@@ -40,6 +40,8 @@ class Memory:
     non_torch: int
     kv_cache: int
     cuda_graphs: int
+    lora: int = 0
+    """The LoRA adapters' GPU slots (adapters.LoRALayout), allocated before the KV cache is sized."""
 
     @property
     def free_after(self) -> int:
@@ -116,6 +118,7 @@ class Plan:
             "maxConcurrency": round(self.max_concurrency, 2) if self.max_model_len else None,
             "gpuMemoryUtilization": self.gpu_memory_utilization or None,
             "startupSeconds": self.startup_seconds or None,
+            "loraBytesPerGpu": (m.lora or None) if m else None,
         }
 
     def status(self) -> dict[str, Any]:
@@ -145,6 +148,8 @@ class Sizing:
     batched: int = 0
     batched_why: str = ""
     kv: int = 0
+    #: the LoRA adapters' slots per GPU (adapters.LoRALayout; 0 without spec.adapters)
+    lora: int = 0
     kv_dtype: str = "auto"
     layout: Optional[KVLayout] = None
     #: tokens a sliding window keeps beside it (scheduled, not yet settled)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from .. import api, vllm_flags
+from .. import adapters as lora, api, vllm_flags
 from ..api import AUTOSCALING_TOLERANCE, VLLMServerSpec, parse_quantity
 from ..catalog import Architecture, ResolvedModel
 from ..catalog.gpus import GPUSelection, select_gpu
@@ -20,6 +20,7 @@ from .memory import (
     mm_limits, non_torch_bytes, rotary_cache_bytes, runs_v2, tokens_in_flight, tp_shards_evenly, valid_tp_sizes, vision_item,
     vision_profile_bytes, weight_bytes, weights_quantization,
 )
+from .lora import plan_adapters
 from .plan_types import DEFAULT_PORT, FlagDecision, Memory, Plan, Sizing
 
 
@@ -43,13 +44,15 @@ def plan(
     default_prometheus_url: Optional[str] = None,
     allow_unsafe_args: bool = False,
     urls: Optional[URLPolicy] = None,
+    adapter_facts: Optional[dict[str, lora.AdapterFacts]] = None,
 ) -> Plan:
     """Derive the vLLM args and estimates for one server. Pure; never raises on bad input.
 
     `gpu`: spec.gpu resolved by gpus.select_gpu (resolved here when not given).
     `allow_unsafe_args`: the VLLMServer carries api.ALLOW_UNSAFE_ARGS_ANNOTATION, so extraArgs may set
     --host/--port (the container port then follows --port). `urls`: the operator's URL settings (None: the
-    offline CLI, which fetches nothing for anyone else).
+    offline CLI, which fetches nothing for anyone else). `adapter_facts`: each spec.adapters entry's
+    adapter_config.json as the pipeline read it (by adapter name; a missing one was not read).
 
     The named steps below run in order (numbered in their docstrings); each records its flags (`decisions`),
     notes and problems on the plan, and sizing stops at the first step that finds the server cannot run."""
@@ -66,6 +69,7 @@ def plan(
         return p
     plan_weights(p, s)
     plan_batch(p, s)
+    plan_adapters(p, s, adapter_facts or {})
     if not plan_kv_cache(p, s):
         return p
     plan_max_model_len(p, s)
@@ -239,9 +243,9 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
     limits = mm_limits(list(e.extra_args))
     activation = activation_bytes(arch, tp, batched, seqs, elem, terms, longest, limits)
     non_torch = non_torch_bytes(tp, terms)
-    kv = budget - weights - activation - non_torch - graphs
+    kv = budget - weights - activation - non_torch - graphs - s.lora
     p.memory = Memory(total=total, reserved=reserved, budget=budget, weights=weights, activation=activation,
-                      non_torch=non_torch, kv_cache=max(kv, 0), cuda_graphs=graphs)
+                      non_torch=non_torch, kv_cache=max(kv, 0), cuda_graphs=graphs, lora=s.lora)
     kv_dtype = e.kv_cache_dtype or "auto"
     p.kv_bytes_per_token = kv_bytes_per_token(arch, tp, kv_dtype, elem)
     s.kv, s.kv_dtype = kv, kv_dtype
@@ -250,16 +254,18 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
         for t in (2, 4, 8, 16, 32, 64):
             if t <= tp or not tp_shards_evenly(arch, t):
                 continue
-            need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, elem)
+            need = (math.ceil(p.weight_bytes_total / t) + rotary_cache_bytes(arch, elem) + s.lora * tp // t
                     + activation_bytes(arch, t, batched, seqs, elem, terms, longest, limits)
                     + non_torch_bytes(t, terms)
                     + graphs)
             if need < budget:
                 hint = f"use more GPUs (gpu.count: {t} leaves room for the KV cache)"
                 break
+        slots = (f" + the LoRA adapters' slots {gib(s.lora)} (spec.adapters: fewer engine.maxLoras or a lower "
+                 "engine.maxLoraRank take less)") if s.lora else ""
         p.problem("spec.gpu", f"the model does not fit: weights {gib(weights)} + activations {gib(activation)} + "
-                  f"overheads {gib(non_torch + graphs)} per GPU exceed the {gib(budget)} budget of a {gib(total)} GPU; "
-                  f"{hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
+                  f"overheads {gib(non_torch + graphs)}{slots} per GPU exceed the {gib(budget)} budget of a "
+                  f"{gib(total)} GPU; {hint}, a quantized model (model.quantization), or a smaller maxNumBatchedTokens")
         return False
     block = int(assumption("block_size"))
     layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms, is_pooling(arch))

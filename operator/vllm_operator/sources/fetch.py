@@ -87,6 +87,20 @@ def get(url: str, *, seconds: float, max_bytes: int, accept: str = "*/*", use_pr
 
     `use_proxy`: go through the environment's HTTP(S)_PROXY (honouring NO_PROXY), as urllib and requests
     do; never for pod IPs, which are reached directly whatever proxy the operator's pod has."""
+    return _fetch(url, seconds=seconds, max_bytes=max_bytes, accept=accept, use_proxy=use_proxy)
+
+
+def post_json(url: str, payload: Any, *, seconds: float, max_bytes: int) -> bytes:
+    """The body of a 2xx answer to POST `url` with `payload` as JSON, or FetchError with a category: the same
+    bounds as get (one deadline, a byte cap, no redirect, nothing of the answer in an error), never through a
+    proxy (it is for pod IPs: vLLM's runtime adapter endpoints)."""
+    body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+    return _fetch(url, seconds=seconds, max_bytes=max_bytes, accept="application/json", use_proxy=False,
+                  method="POST", body=body)
+
+
+def _fetch(url: str, *, seconds: float, max_bytes: int, accept: str, use_proxy: bool, method: str = "GET",
+           body: Optional[bytes] = None) -> bytes:
     deadline = _Deadline(seconds)
     target = _parse(url)
     try:
@@ -95,7 +109,7 @@ def get(url: str, *, seconds: float, max_bytes: int, accept: str = "*/*", use_pr
         try:
             # Through a proxy, plain http asks for the whole URL; https asks the tunnel for the path.
             absolute = proxy is not None and not _https(target)
-            return _exchange(sock, target, deadline, max_bytes, accept, absolute)
+            return _exchange(sock, target, deadline, max_bytes, accept, absolute, method, body)
         finally:
             sock.close()
     except FetchError:
@@ -185,12 +199,15 @@ def _tunnel(sock: socket.socket, authority: str, deadline: _Deadline) -> None:
 
 
 def _exchange(sock: socket.socket, target: urllib.parse.SplitResult, deadline: _Deadline, max_bytes: int,
-              accept: str, absolute: bool) -> bytes:
+              accept: str, absolute: bool, method: str = "GET", body: Optional[bytes] = None) -> bytes:
     connection = http.client.HTTPConnection(target.hostname or "", _port(target))  # never connects: it gets our socket
     connection.sock = _BoundedSocket(sock, deadline)
     path = urllib.parse.urlunsplit(("", "", target.path or "/", target.query, ""))
-    connection.request("GET", f"{target.scheme}://{target.netloc}{path}" if absolute else path,
-                       headers={"Host": target.netloc, "Accept": accept, "User-Agent": "vllm-operator"})
+    headers = {"Host": target.netloc, "Accept": accept, "User-Agent": "vllm-operator"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    connection.request(method, f"{target.scheme}://{target.netloc}{path}" if absolute else path, body=body,
+                       headers=headers)
     response = connection.getresponse()
     try:
         return _body(response, max_bytes)

@@ -133,6 +133,30 @@ def lookup(repo_id: str, revision: Optional[str] = None, *, endpoint: str = DEFA
     return HubFacts(config=config, sha=sha, parameters=parameters)
 
 
+#: The largest small JSON file of a repo read by file_json (an adapter_config.json is under 2 KB).
+MAX_FILE_BYTES = 256 * 1024
+
+
+def file_url(repo_id: str, filename: str, revision: Optional[str], endpoint: str) -> str:
+    """Where the Hub serves one file of a model repo at a revision (its resolve URL)."""
+    quote = urllib.parse.quote
+    return (f"{endpoint.rstrip('/')}/{quote(repo_id, safe='/')}/resolve/{quote(revision or 'main', safe='')}/"
+            f"{quote(filename)}")
+
+
+def file_json(repo_id: str, filename: str, revision: Optional[str] = None, *, endpoint: str = DEFAULT_ENDPOINT,
+              seconds: float = DEFAULT_SECONDS, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """One small JSON file of a public Hub repo (an adapter's adapter_config.json), through fetch.get: one deadline,
+    a byte cap, no redirect (a file the Hub keeps in LFS, which it redirects to its CDN, is refused), no token.
+    HubError with a category otherwise."""
+    try:
+        body = net.get(file_url(repo_id, filename, revision, endpoint), seconds=seconds, max_bytes=max_bytes,
+                       accept="application/json", use_proxy=True)
+        return net.load_json(body)
+    except net.FetchError as err:
+        raise HubError(f"could not be read from {endpoint.rstrip('/')}: {err}") from None
+
+
 def _parameters(safetensors: Any) -> dict[str, int]:
     counts = getattr(safetensors, "parameters", None)
     if not isinstance(counts, dict):
