@@ -300,7 +300,7 @@ class HealthServer:
         self.health, self.registry, self.access = health, registry, access
         self.active = self.peak = self.refused = 0
         self._peers: dict[str, int] = {}
-        self._waiting: "OrderedDict[int, asyncio.BaseTransport]" = OrderedDict()
+        self._waiting: "OrderedDict[int, asyncio.Transport]" = OrderedDict()
         self._evicted: set[int] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="vllm-operator-http")
         self._loop = asyncio.new_event_loop()
@@ -325,7 +325,7 @@ class HealthServer:
         self.active += 1
         self.peak = max(self.peak, self.active)
         self._peers[peer] = self._peers.get(peer, 0) + 1
-        self._waiting[id(writer)] = writer.transport
+        self._waiting[id(writer)] = writer.transport  # type: ignore[assignment]  # a TCP transport
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
             self._waiting.pop(id(writer), None)
