@@ -461,7 +461,9 @@ class Checker:
                 self.remember(key, verdict.problem)
             else:  # said for a minute, then checked again (under the server's rate)
                 with self._wake:
-                    self._transient[key] = (verdict.problem, self.clock() + 60.0)
+                    now = self.clock()
+                    self._transient = {k: v for k, v in self._transient.items() if v[1] > now}  # bounded: 1 a minute
+                    self._transient[key] = (verdict.problem, now + 60.0)                        # per server at most
             self.nudge(server, 0.0)
 
     def drain(self, timeout: float = 30.0) -> None:
