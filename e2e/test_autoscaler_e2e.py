@@ -179,7 +179,10 @@ def stack(control_plane, k8s, tmp_path_factory):
     health = free_port()
     pods.extra_targets = [(f"127.0.0.1:{health}", {"job": "vllm-operator"})]
     operator = OperatorProcess(control_plane.kubeconfig, work / "operator.log", resync_seconds=3,
-                               extra_args=["--prometheus-url", prometheus.url, "--health-port", str(health)]).start()
+                               # The dashboard's per-server panels read the series that name each server, which
+                               # the operator serves without a token only when told to (docs/monitoring.md).
+                               extra_args=["--prometheus-url", prometheus.url, "--health-port", str(health),
+                                           "--metrics-public-server-series"]).start()
     state = {"namespace": namespace, "pods": pods, "prometheus": prometheus, "operator": operator,
              "kubelet": kubelet, "kube": Kube(k8s), "cp": control_plane, "load": None}
     try:
