@@ -3,7 +3,9 @@
     python bench/adversarial.py             # about 1-2 minutes on 2 cores
     python bench/adversarial.py --full      # adds 400 KB credential-check inputs: the old one takes minutes
 
-Prints figures; it is not a test (tests/unit/test_tenant_safety.py and tests/unit/test_security.py assert the behaviour).
+Prints figures; it is not a test (tests/unit/test_tenant_safety.py and tests/unit/test_security.py assert the behaviour;
+tests/unit/test_chattemplate.py, tests/unit/test_metrics.py and e2e/test_containment_bounds_e2e.py the operator's own bounds).
+The chat template and metrics port sections compare with main at 6bf2599 (issue 18), its checker read from git.
 "Old" is main at ac6cb69, its functions copied below as they were: the credential expression, parse_quantity,
 the config.json read (16 MiB cap, json.loads), the /metrics parse (prometheus_client on the whole body) and the urllib fetch.
 Peak memory is measured in a child process per case (ru_maxrss after the input is built, then after the parse).
@@ -215,6 +217,108 @@ def bench_fetches() -> None:
                 f"{new:.1f} s, {new_outcome}")
 
 
+# --------------------------------------------------------------------------- chat templates (issue 18)
+#: main before the operator's bounds (issue 18): its chatTemplate.py is read from git as it was.
+OLD_COMMIT = "6bf2599"
+TEMPLATE_CHILD = """
+import json, resource, sys, importlib.util
+sys.path[:0] = {paths!r}
+{load}
+problem = checker.problem({template!r})
+print(json.dumps([problem, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024]))
+"""
+LOAD_NEW = "from vllm_operator import chattemplate as checker"
+LOAD_OLD = ("spec = importlib.util.spec_from_loader('old_chattemplate', loader=None); "
+            "checker = importlib.util.module_from_spec(spec); exec({source!r}, checker.__dict__)")
+TEMPLATES = {
+    "90 lists of 100,000 integers (each under every cap)":
+        "".join(f"{{% set a{i} = range(99999)|list %}}" for i in range(90)) + "{{ messages[0]['content'] }}",
+    "`~` doubling a string 30 times": "{% set ns = namespace(s='xx') %}{% set s = 'ab' %}"
+        + "".join("{% set s = s ~ s %}" for _ in range(30)) + "{{ s|length }}",
+    "a vLLM-style template (Llama 3)": "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+        "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}",
+}
+
+
+def template_child(load: str, template: str) -> tuple[str, float]:
+    """(verdict, the checking child's peak resident MiB), in a fresh interpreter."""
+    code = TEMPLATE_CHILD.format(paths=[str(ROOT / "operator"), str(ROOT)], load=load, template=template)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    problem, peak = json.loads(out)
+    return ("accepted" if problem is None else problem[:60]), peak
+
+
+def bench_templates() -> None:
+    try:
+        old_source = subprocess.run(["git", "-C", str(ROOT), "show", f"{OLD_COMMIT}:operator/vllm_operator/"
+                                     "chattemplate.py"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        print(f"\n(chat templates: main at {OLD_COMMIT} is not in this clone's history; skipped)")
+        return
+    header("chat template check: the checking child's verdict and peak resident memory (the operator's container "
+           "has 256 MiB)", "template", f"old ({OLD_COMMIT}: RLIMIT_AS 512 MiB)", "new (64 MiB, strings capped)",
+           "old/new memory")
+    for label, template in TEMPLATES.items():
+        old, old_peak = template_child(LOAD_OLD.format(source=old_source), template)
+        new, new_peak = template_child(LOAD_NEW, template)
+        row(label, f"{old}, {old_peak:.0f} MiB", f"{new}, {new_peak:.0f} MiB", f"{old_peak / new_peak:.1f}x")
+
+
+# --------------------------------------------------------------------------- the metrics port (issue 18)
+def process_figures() -> tuple[int, float]:
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return int(status["Threads"]), int(status["VmRSS"].split()[0]) / 1024
+
+
+def idle(port: int, count: int) -> list:
+    import socket
+    out = []
+    for i in range(count):
+        s = socket.socket()
+        s.bind((f"127.0.4.{1 + i % 250}", 0))
+        s.settimeout(2)
+        try:
+            s.connect(("127.0.0.1", port))
+            out.append(s)
+        except OSError:
+            s.close()
+    return out
+
+
+def old_metrics_server() -> Any:
+    """main's server: http.server's ThreadingHTTPServer, one thread per connection, no timeout."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def bench_idle_connections(count: int) -> None:
+    from vllm_operator import telemetry
+    header(f"{count} idle connections to the metrics port (from 250 addresses): the operator process's threads "
+           "and resident memory", "server", "threads before -> after", "resident MiB before -> after")
+    for label, start in (("old: ThreadingHTTPServer", old_metrics_server),
+                         ("new: telemetry.HealthServer", lambda: telemetry.serve(0, telemetry.Health(),
+                                                                                 host="127.0.0.1"))):
+        server = start()
+        threads, rss = process_figures()
+        sockets = idle(server.server_address[1], count)
+        time.sleep(1.0)
+        threads_after, rss_after = process_figures()
+        row(label, f"{threads} -> {threads_after}", f"{rss:.0f} -> {rss_after:.0f}")
+        for sock in sockets:
+            sock.close()
+        server.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="add 400 KB credential-check inputs (old: minutes)")
@@ -226,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     bench_config()
     bench_metrics([64 * 1024, 256 * 1024, 1024 * 1024])
     bench_fetches()
+    bench_templates()
+    bench_idle_connections(1000)
     return 0
 
 

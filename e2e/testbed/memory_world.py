@@ -10,6 +10,7 @@ from typing import Any, Optional
 import yaml
 
 from vllm_operator.controller.reconcile import Reconciler
+from vllm_operator.kube.client import ApiError
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "team"
@@ -46,8 +47,17 @@ class MemoryKube:
         return self.objects.pop((kind, namespace, name), None) is not None
 
     def request(self, method, path, *, body=None, **_):
-        assert method == "POST" and path.endswith("/events"), (method, path)
-        self.events.append(body)
+        """Events only: each recording (a new Event, or one counted on: kube/events.py) is kept in order."""
+        assert "/events" in path and method in ("POST", "PATCH"), (method, path)
+        if method == "POST":
+            self.events.append(body)
+            return body
+        name = path.rsplit("/", 1)[-1]
+        posted = next((e for e in reversed(self.events) if e["metadata"]["name"] == name), None)
+        if posted is None:  # posted by an earlier World (the events module remembers its names)
+            raise ApiError(404, "not found", method, path)
+        self.events.append({**copy.deepcopy(posted), **body})
+        return self.events[-1]
 
 
 class World:

@@ -222,6 +222,10 @@ def reconciler_statuses() -> Statuses:
     out["hpa"] = _case(_lifecycle, {"autoscaling": {"enabled": True, "mode": "HPA", "maxReplicas": 3}})
     out["keda-not-installed"] = _case(_lifecycle, {"autoscaling": {"enabled": True, "mode": "KEDA", "maxReplicas": 3,
                                                                    "prometheusURL": "http://prometheus.monitoring:9090"}})
+    out["chat-template"] = _case(_lifecycle, {"engine": {"chatTemplate": "{% for m in messages %}{{ m.content }}"
+                                                                          "{% endfor %}"}})
+    out["chat-template-refused"] = _case(lambda w: (w.reconcile(), w.reconcile()),
+                                         {"engine": {"chatTemplate": "{{ raise_exception('no') }}"}})
     out["kv-capacity-as-planned"] = _case(_kv_capacity(10**9))
     out["adapters-one-failing"] = _case(_adapters, ADAPTERS)
     out["kv-capacity-below-plan"] = _case(_kv_capacity(1000))

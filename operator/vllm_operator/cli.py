@@ -433,6 +433,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="re-plan at most this many servers a minute whose running plan an operator upgrade changed "
                           "(0: only when a server's vllm-operator.io/replan annotation asks); docs/upgrades.md")
     run.add_argument("--health-port", type=int, default=8080, help="port of /metrics, /healthz and /readyz (0: off)")
+    run.add_argument("--metrics-token-file", metavar="PATH",
+                     help="/metrics answers only a caller sending this file's content as a bearer token (read at "
+                          "each request); docs/security.md")
+    run.add_argument("--metrics-public-server-series", action="store_true",
+                     help="serve the series that name each VLLMServer (namespace, name) on /metrics to callers "
+                          "without the token too (off: only with --metrics-token-file and the token)")
+    run.add_argument("--chat-template-memory-mib", type=int, default=64, metavar="MIB",
+                     help="address space of the child that checks one chat template (less when the operator's "
+                          "cgroup has less to spare); docs/security.md")
+    run.add_argument("--chat-template-checks", type=int, default=1, choices=(1, 2),
+                     help="chat templates checked at once (each in its own child)")
+    run.add_argument("--chat-template-checks-per-minute", type=float, default=2.0, metavar="N",
+                     help="new chat templates one VLLMServer may have checked a minute, after a burst of 3")
     run.add_argument("--disable-scanning", action="store_true",
                      help="never list or watch CRDs and Namespaces cluster-wide (kopf's scanning): for namespaced "
                      "installs that have Roles only; a reinstalled CRD is then noticed on restart")

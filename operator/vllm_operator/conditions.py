@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional
 
 from .api import Condition
+from .bounds import message as clean_message
 
 
 class Conditions:
@@ -29,7 +30,7 @@ class Conditions:
     def set(self, type_: str, status: str, reason: str, message: str) -> None:
         old = self.get(type_)
         since = old.last_transition_time if old is not None and old.status == status else None
-        new = Condition(type=type_, status=status, reason=reason, message=message[:32768],
+        new = Condition(type=type_, status=status, reason=reason, message=clean_message(message),
                         last_transition_time=since or self.now, observed_generation=self.generation)
         if old is None:
             self.items.append(new)
@@ -62,6 +63,6 @@ def extra_args_unchecked(conditions: Conditions, warning: Optional[str]) -> Opti
         conditions.remove(EXTRA_ARGS_UNCHECKED)
         return None
     old = conditions.get(EXTRA_ARGS_UNCHECKED)
-    event = None if old is not None and old.message == warning[:32768] else ("Warning", "NoFlagSnapshot", warning)
+    event = None if old is not None and old.message == clean_message(warning) else ("Warning", "NoFlagSnapshot", warning)
     conditions.set(EXTRA_ARGS_UNCHECKED, "True", "NoFlagSnapshot", warning)
     return event

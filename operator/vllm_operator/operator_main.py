@@ -26,7 +26,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, builders, kopfext, telemetry
+from . import api, builders, chattemplate, kopfext, telemetry
 from .sources import hub
 from .controller import adapters as adapter_sync, replan
 from .kube import apierrors, events
@@ -112,10 +112,27 @@ def url_policy(args: argparse.Namespace) -> URLPolicy:
                                    prometheus_url=getattr(args, "prometheus_url", None))
 
 
+def template_limits(args: argparse.Namespace) -> chattemplate.Limits:
+    """What checking chat templates may cost (--chat-template-*; chattemplate.Limits' defaults otherwise)."""
+    defaults = chattemplate.Limits()
+    return chattemplate.Limits(
+        memory_bytes=int((getattr(args, "chat_template_memory_mib", None) or defaults.memory_bytes // 2**20) * 2**20),
+        concurrency=getattr(args, "chat_template_checks", None) or defaults.concurrency,
+        per_minute=getattr(args, "chat_template_checks_per_minute", None) or defaults.per_minute)
+
+
+def counted_check(template: str, limits: chattemplate.Limits) -> chattemplate.Verdict:
+    """One chat template checked in a child (chattemplate._run), counted in vllm_operator_chat_template_checks."""
+    verdict = chattemplate._run(template, limits)
+    telemetry.record_chat_template_check("error" if not verdict.definitive else "refused" if verdict.problem else "ok")
+    return verdict
+
+
 def make_reconciler(args: argparse.Namespace, client: Optional[k8s.ApiClient] = None) -> Reconciler:
     kube = Kube(client or api_client())
     check_server_version(kube)
     return Reconciler(kube, hf_endpoint=hub_endpoint(args),
+                      templates=chattemplate.Checker(template_limits(args), run=counted_check),
                       hf_token=hub.token_reader(getattr(args, "hf_token_file", None)),
                       hf_token_repos=tuple(getattr(args, "hf_token_repo", None) or ()),
                       prometheus_url=getattr(args, "prometheus_url", None), events_of=events.FailureEvents(kube).of,
@@ -127,6 +144,8 @@ def reconcile_result(result: Any) -> str:
     """The metrics label of one reconcile's outcome."""
     if result is None:
         return "gone"
+    if result.pending:
+        return "pending"
     if not result.valid:
         return "invalid"
     return "applied" if result.applied or result.pruned or result.status_written else "unchanged"
@@ -150,6 +169,28 @@ class Operator:
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: The threads kopf runs sync handlers on (set by `configure`; None: the event loop's default executor).
     executor: Optional[concurrent.futures.Executor] = field(default=None, repr=False)
+
+    def nudge(self, server: tuple[str, str], delay: float) -> None:
+        """Reconcile this server again in `delay` seconds, on kopf's threads (a chat template's check ended, or
+        its server's rate lets the next one run). Safe from any thread; before kopf's loop runs, the periodic
+        resync does it."""
+        loop = self.health.loop
+        if loop is None or loop.is_closed():
+            return
+        call = functools.partial(self._nudged, *server)
+
+        def later() -> None:
+            loop.call_later(max(delay, 0.0), lambda: loop.run_in_executor(self.executor, call))
+        try:
+            loop.call_soon_threadsafe(later)
+        except RuntimeError:  # the loop closed meanwhile: the operator is stopping
+            pass
+
+    def _nudged(self, namespace: str, name: str) -> None:
+        try:
+            self.reconcile(namespace, name, log)
+        except Exception as e:  # noqa: BLE001 - kopf's next event or resync retries it; nothing waits for this
+            log.warning("reconcile of %s/%s after its chat template check failed: %s", namespace, name, e)
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         with self._guard:
@@ -285,6 +326,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = telemetry.start()  # the operator's metrics, registered now (telemetry.py); served below
     reconciler = make_reconciler(args)
     op = Operator(reconciler)
+    if reconciler.templates is not None:
+        reconciler.templates.nudge = op.nudge
     reconciler.reader = op.objects  # reconciles read the watch-fed copies (informers/cache.py)
     op.scaling = actuator.Context.create(reconciler.kube, op.objects,
                                          default_prometheus_url=getattr(args, "prometheus_url", None),
@@ -314,7 +357,10 @@ def run(args: argparse.Namespace) -> int:
                     connections=kopfext.session.connection_limit(watched, len(namespaces)), registry=registry)
     settings.scanning.disabled = getattr(args, "disable_scanning", False)
     # /metrics, /healthz and /readyz on one port (telemetry.py); kopf's own liveness endpoint stays off.
-    server = telemetry.serve(args.health_port, op.health, registry=metrics.registry) if args.health_port else None
+    access = telemetry.MetricsAccess(token_file=getattr(args, "metrics_token_file", None),
+                                     public_server_series=getattr(args, "metrics_public_server_series", False))
+    server = telemetry.serve(args.health_port, op.health, registry=metrics.registry,
+                             access=access) if args.health_port else None
     try:
         kopf.run(
             registry=registry,

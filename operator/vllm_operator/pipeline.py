@@ -85,6 +85,7 @@ def plan_server(
     configs: Optional[model_facts.ConfigCache] = None,
     urls: Optional[URLPolicy] = None,
     hf_token: Union[str, bool, None] = False,
+    chat_template: Callable[[str], Optional[str]] = chattemplate.problem,
     read_file: Callable[..., Any] = hub.file_json,
     hf_token_repos: Optional[tuple[str, ...]] = None,
 ) -> planner.Plan:
@@ -92,10 +93,12 @@ def plan_server(
 
     `allow_unsafe_args`: api.allows_unsafe_args(metadata), the escape hatch for --host/--port in extraArgs.
     `local_config`: a config.json (or a directory holding one) of this machine that gives the model's facts in
-    place of configURL and the Hub (the CLI's --model-config; never the operator). `configs`: the operator's cache of fetched config.json facts. `urls`: the operator's URL
-    settings: a configURL outside them is a problem, and is not fetched. `hf_endpoint`: the Hub a model outside the
-    catalog is looked up on (None: none, offline); `hf_token`: the token sent to it (hub.lookup's `token`), only for
-    the repos `hf_token_repos` names (hub.token_for; None: any, the CLI's own token).
+    place of configURL and the Hub (the CLI's --model-config; never the operator). `configs`: the operator's cache
+    of fetched config.json facts. `urls`: the operator's URL settings: a configURL outside them is a problem, and is
+    not fetched. `chat_template`: why a chat template cannot be used (chattemplate.problem; the operator's Checker,
+    which may raise chattemplate.Queued). `hf_endpoint`: the Hub a model outside the catalog is looked up on (None:
+    none, offline); `hf_token`: the token sent to it (hub.lookup's `token`), only for the repos `hf_token_repos`
+    names (hub.token_for; None: any, the CLI's own token).
     `read_file`: how a small JSON file of a Hub repo is read (the adapters' adapter_config.json; hub.file_json)."""
     model_error = None
     model_error_field = "spec.model.architecture"
@@ -134,7 +137,7 @@ def plan_server(
     if model is not None:
         plan.notes.extend(model.notes)
     if spec.engine.chat_template:
-        why = chattemplate.problem(spec.engine.chat_template)  # in a child process, limited (chattemplate.py)
+        why = chat_template(spec.engine.chat_template)  # in a child process, limited (chattemplate.py)
         if why:
             plan.problems.append(Problem("spec.engine.chatTemplate", why))
     if model is not None and base is not None and spec.model.quantization == "none":

@@ -1,8 +1,10 @@
 """The operator's own observability: Prometheus metrics and the HTTP endpoints its probes use.
 
-One small threaded HTTP server on `--health-port` answers:
+One small HTTP server on `--health-port` (HealthServer: bounded connections, deadlines, no thread per
+connection) answers:
 
-* ``/metrics``: every metric below, plus the Python process collectors;
+* ``/metrics``: every metric below, plus the Python process collectors; with --metrics-token-file only to a caller
+  that sends that bearer token, and the series naming a tenant's server only to such a caller (MetricsAccess);
 * ``/healthz`` (liveness): 200 while kopf's event loop answers within a few seconds
   (and while the operator is still starting, so a slow start is never killed);
 * ``/readyz`` (readiness): 200 once kopf has run its startup handlers and begun watching.
@@ -15,10 +17,14 @@ safe from any thread; the reconcile wrapper, the Kubernetes client layer and the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import hmac
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any, Iterator, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import generate_latest
@@ -26,7 +32,7 @@ from prometheus_client import generate_latest
 from . import __version__, api
 
 NAMESPACE = "vllm_operator"
-RESULTS = ("applied", "unchanged", "invalid", "gone", "error")
+RESULTS = ("applied", "unchanged", "invalid", "gone", "error", "pending")
 DIRECTIONS = ("up", "down", "hold")
 
 
@@ -39,7 +45,8 @@ class Metrics:
         ns, r = NAMESPACE, registry
         self.reconciles = Counter(
             "reconciles", "Reconciles of a VLLMServer by result: applied (something written), unchanged, "
-            "invalid (SpecValid=False), gone (deleted), error (raised and retried).", ["result"], namespace=ns,
+            "invalid (SpecValid=False), gone (deleted), error (raised and retried), pending (its chat template "
+            "waits for its check).", ["result"], namespace=ns,
             registry=r)
         self.reconcile_duration = Histogram(
             "reconcile_duration_seconds", "Wall time of one reconcile, API calls included.", namespace=ns,
@@ -76,6 +83,10 @@ class Metrics:
         self.pod_scrape_bytes = Counter(
             "pod_scrape_bytes", "Bytes of the /metrics bodies the operator read from pods.", namespace=ns,
             registry=r)
+        self.chat_template_checks = Counter(
+            "chat_template_checks", "Chat templates checked in a child process, by result (ok, refused, error: the "
+            "check itself failed); a template whose digest was checked before (in memory or in its server's "
+            "status) is not counted.", ["result"], namespace=ns, registry=r)
         self.build_info = Gauge(
             "build_info", "The operator's version and the vLLM release its flags are checked against.",
             ["version", "vllm_version"], namespace=ns, registry=r)
@@ -168,6 +179,11 @@ def _remove(gauge: Gauge, namespace: str, name: str) -> None:
         pass
 
 
+def record_chat_template_check(result: str) -> None:
+    """One chat template was checked in a child: ok, refused or error."""
+    _metrics().chat_template_checks.labels(result=result).inc()
+
+
 def record_kopf_adaptation(name: str, applied: bool) -> None:
     _metrics().kopf_adaptation.labels(adaptation=name).set(1 if applied else 0)
 
@@ -225,44 +241,149 @@ class Health:
         return (True, "ok") if self.ready.is_set() else (False, "starting")
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+#: The series that name a tenant's server (labels namespace and name): served only to an authenticated caller,
+#: unless the operator's settings make them public (MetricsAccess).
+PER_SERVER = frozenset({"vllm_operator_scaling_decisions", "vllm_operator_server_ready",
+                        "vllm_operator_server_replicas", "vllm_operator_server_ready_replicas",
+                        "vllm_operator_autoscaler_at_max_replicas"})
+#: Connections at once, in all and from one address. Beyond the first, the connection that has waited longest for
+#: its request is closed for the new one; beyond the second, the new one is closed at once.
+MAX_CONNECTIONS = 256
+MAX_CONNECTIONS_PER_PEER = 16
+#: Seconds a connection may take to send its request's head, and to take the answer.
+READ_TIMEOUT = 5.0
+WRITE_TIMEOUT = 10.0
+#: The longest request head read (request line and headers).
+MAX_HEAD_BYTES = 8192
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path = self.path.split("?", 1)[0]
+
+@dataclass
+class MetricsAccess:
+    """Who may read what on /metrics (--metrics-token-file, --metrics-public-server-series)."""
+
+    token_file: Optional[str] = None
+    """A file holding the bearer token /metrics asks for (read at each request: a rotated Secret applies); None:
+    /metrics asks for none."""
+    public_server_series: bool = False
+    """Serve the per-server series (PER_SERVER) to callers without the token too."""
+
+    def check(self, authorization: str) -> tuple[bool, bool]:
+        """(may read /metrics, may see the per-server series) for a request's Authorization header."""
+        if self.token_file is None:
+            return True, self.public_server_series
+        try:
+            token = Path(self.token_file).read_text().strip()
+        except OSError:
+            return False, False
+        scheme, _, given = authorization.partition(" ")
+        ok = bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+        return ok, ok
+
+
+class _Without:
+    """A registry's metrics less some families (what generate_latest reads)."""
+
+    def __init__(self, registry: CollectorRegistry, names: frozenset[str]):
+        self.registry, self.names = registry, names
+
+    def collect(self) -> Iterator[Any]:
+        return (m for m in self.registry.collect() if m.name not in self.names)
+
+
+class HealthServer:
+    """/metrics, /healthz and /readyz on one port, bounded by design: one asyncio loop on its own thread (not
+    kopf's, so /healthz can judge kopf's), a connection cap in all (the longest idle gives way) and per address, a
+    deadline to send the request and one to take the answer, one request per connection, and two threads for the
+    work (the metrics' text, the event loop check)."""
+
+    def __init__(self, host: str, port: int, health: Health, registry: CollectorRegistry, access: MetricsAccess):
+        self.health, self.registry, self.access = health, registry, access
+        self.active = self.peak = self.refused = 0
+        self._peers: dict[str, int] = {}
+        self._waiting: "OrderedDict[int, asyncio.Transport]" = OrderedDict()
+        self._evicted: set[int] = set()
+        self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="vllm-operator-http")
+        self._loop = asyncio.new_event_loop()
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._connection, host, port, limit=MAX_HEAD_BYTES, backlog=128))
+        self.server_address = self._server.sockets[0].getsockname()[:2]
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-operator-http", daemon=True)
+        self._thread.start()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = str((writer.get_extra_info("peername") or ("?",))[0])
+        if self._peers.get(peer, 0) >= MAX_CONNECTIONS_PER_PEER:
+            writer.transport.abort()
+            self.refused += 1
+            return
+        if self.active >= MAX_CONNECTIONS and self._waiting:  # the one that waited longest gives way: a probe
+            key, oldest = self._waiting.popitem(last=False)    # always gets in, the memory stays bounded
+            oldest.abort()
+            self._evicted.add(key)
+            self.active -= 1
+            self.refused += 1
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        self._peers[peer] = self._peers.get(peer, 0) + 1
+        self._waiting[id(writer)] = writer.transport  # type: ignore[assignment]  # a TCP transport
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
+            self._waiting.pop(id(writer), None)
+            code, body, content_type = await self._answer(head.decode("latin-1"))
+            writer.write(f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\nContent-Type: {content_type}\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
+                UnicodeError):
+            pass
+        finally:
+            self._waiting.pop(id(writer), None)
+            if id(writer) in self._evicted:  # counted out when it gave way
+                self._evicted.discard(id(writer))
+            else:
+                self.active -= 1
+            self._peers[peer] -= 1
+            if not self._peers[peer]:
+                del self._peers[peer]
+            if writer.transport.get_write_buffer_size():  # a reader that does not read: not waited for
+                writer.transport.abort()
+            else:
+                writer.close()
+
+    async def _answer(self, head: str) -> tuple[int, bytes, str]:
+        lines = head.split("\r\n")
+        method, _, rest = lines[0].partition(" ")
+        path = rest.split(" ", 1)[0].split("?", 1)[0]
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        loop = asyncio.get_running_loop()
+        if method != "GET":
+            return 405, b"GET only\n", "text/plain; charset=utf-8"
         if path == "/metrics":
-            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
-        elif path in ("/healthz", "/livez"):
-            ok, message = self.server.health.live()
-            self._send(200 if ok else 503, (message + "\n").encode())
-        elif path == "/readyz":
-            ok, message = self.server.health.is_ready()
-            self._send(200 if ok else 503, (message + "\n").encode())
-        else:
-            self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
+            allowed, per_server = self.access.check(headers.get("authorization", ""))
+            if not allowed:
+                return 401, b"a bearer token is required (--metrics-token-file)\n", "text/plain; charset=utf-8"
+            view = self.registry if per_server else _Without(self.registry, PER_SERVER)
+            return 200, await loop.run_in_executor(self._pool, generate_latest, view), CONTENT_TYPE_LATEST
+        if path in ("/healthz", "/livez", "/readyz"):
+            check = self.health.is_ready if path == "/readyz" else self.health.live
+            ok, message = await loop.run_in_executor(self._pool, check)
+            return 200 if ok else 503, (message + "\n").encode(), "text/plain; charset=utf-8"
+        return 404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8"
 
-    def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - probes every few seconds: no access log
-        pass
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], health: Health, registry: CollectorRegistry):
-        self.health = health
-        self.registry = registry
-        super().__init__(address, _Handler)
+    def shutdown(self) -> None:
+        async def stop() -> None:
+            self._server.close()
+            await self._server.wait_closed()
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        except Exception:  # noqa: BLE001 - stopping anyway
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._pool.shutdown(wait=False)
 
 
-def serve(port: int, health: Health, host: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> _Server:
-    """Start the HTTP server in a daemon thread; `port` 0 picks a free one (see `server_address`)."""
-    server = _Server((host, port), health, registry)
-    threading.Thread(target=server.serve_forever, name="vllm-operator-http", daemon=True).start()
-    return server
+def serve(port: int, health: Health, host: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY,
+          access: Optional[MetricsAccess] = None) -> HealthServer:
+    """Start the HTTP server on its own thread; `port` 0 picks a free one (see `server_address`)."""
+    return HealthServer(host, port, health, registry, access or MetricsAccess(public_server_series=True))

@@ -152,8 +152,8 @@ def test_the_chart_declares_the_operators_minimum_kubernetes():
 # --------------------------------------------------------------------------- the chart, rendered by Helm
 def test_default_install_is_cluster_wide_with_exactly_these_rules():
     objects = render()
-    assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service",
-                                                   "ServiceAccount", "ValidatingAdmissionPolicy",
+    assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy",
+                                                   "Service", "ServiceAccount", "ValidatingAdmissionPolicy",
                                                    "ValidatingAdmissionPolicyBinding"]
     (role,) = by_kind(objects, "ClusterRole")
     assert rules(role) == {
@@ -176,7 +176,7 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
         ("gateway.networking.k8s.io", "httproutes"): CHILD_VERBS,
         ("leaderworkerset.x-k8s.io", "leaderworkersets"): CHILD_VERBS,
         ("", "pods"): {"get", "list", "watch", "create"},
-        ("", "events"): {"create", "list"},
+        ("", "events"): {"create", "get", "patch", "list"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"get"},
     }
@@ -248,6 +248,28 @@ def test_the_operators_hub_token_is_a_mounted_secret_of_its_own_namespace():
     plain = container(render())
     assert not any(a.startswith("--hf-token-file") for a in plain["args"]), "no token unless the value names one"
     assert cli.build_parser().parse_args(["run", *container(render({"operator": {"offline": True}}))["args"]]).offline
+
+
+def test_metrics_port_is_network_policed_and_its_token_a_mounted_secret():
+    (policy,) = by_kind(render(), "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == [], "nobody by default"
+    assert policy["spec"]["podSelector"]["matchLabels"] == deployment(render())["spec"]["selector"]["matchLabels"]
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    objects = render({"networkPolicy": {"metricsFrom": monitoring}, "serviceMonitor": {"enabled": True},
+                      "operator": {"healthPort": 9000, "metrics": {"tokenSecret": {"name": "m", "key": "t"}}}})
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": 9000, "protocol": "TCP"}], "from": monitoring}]
+    args = cli.build_parser().parse_args(["run", *container(objects)["args"]])
+    assert args.metrics_token_file == "/var/run/secrets/vllm-operator/metrics-token/t"
+    assert not args.metrics_public_server_series
+    assert (args.chat_template_memory_mib, args.chat_template_checks, args.chat_template_checks_per_minute) == (
+        64, 1, 2.0)
+    (monitor,) = by_kind(objects, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["authorization"] == {"type": "Bearer",
+                                                                "credentials": {"name": "m", "key": "t"}}
+    assert not by_kind(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy")
+    plain = cli.build_parser().parse_args(["run", *container(render())["args"]])
+    assert plain.metrics_token_file is None and not plain.metrics_public_server_series
 
 
 def test_deployment_is_locked_down_and_runs_the_real_cli():

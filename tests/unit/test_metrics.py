@@ -151,3 +151,91 @@ def test_http_endpoints_follow_the_event_loop_and_the_ready_flag(loop_thread):
         assert get(port, "/nope")[0] == 404
     finally:
         server.shutdown()
+
+
+# --------------------------------------------------------------------------- the server's bounds (issue 18 (c))
+def idle_connections(port: int, count: int, source: str) -> list:
+    import socket
+    out = []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", port))
+        out.append(s)
+    return out
+
+
+def test_idle_connections_cost_no_thread_are_capped_and_time_out(monkeypatch):
+    import time
+    monkeypatch.setattr(telemetry, "READ_TIMEOUT", 3.0)
+    health = telemetry.Health()
+    server = telemetry.serve(0, health, host="127.0.0.1", registry=CollectorRegistry())
+    port = server.server_address[1]
+    threads = threading.active_count()
+    sockets = []
+    try:
+        # 20 addresses x 16 idle connections: more than the server keeps (256 in all, 16 from one address).
+        for i in range(20):
+            sockets += idle_connections(port, telemetry.MAX_CONNECTIONS_PER_PEER + 2, f"127.0.1.{i + 1}")
+        assert threading.active_count() <= threads + 2  # no thread per connection
+        deadline = time.monotonic() + 5
+        while server.active + server.refused < len(sockets) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.peak == telemetry.MAX_CONNECTIONS and server.refused >= len(sockets) - server.peak
+        assert get(port, "/healthz")[0] == 200, "at the cap, the longest idle connection gives way to a new one"
+        deadline = time.monotonic() + 10
+        while server.active and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.active == 0, "idle connections are closed after READ_TIMEOUT"
+        assert get(port, "/healthz")[0] == 200
+    finally:
+        for s in sockets:
+            s.close()
+        server.shutdown()
+
+
+def test_a_probe_answers_while_another_address_holds_its_share():
+    health = telemetry.Health()
+    server = telemetry.serve(0, health, host="127.0.0.1", registry=CollectorRegistry())
+    port = server.server_address[1]
+    sockets = idle_connections(port, 3 * telemetry.MAX_CONNECTIONS_PER_PEER, "127.0.2.1")
+    try:
+        assert get(port, "/healthz") == (200, "text/plain; charset=utf-8", "starting\n")
+    finally:
+        for s in sockets:
+            s.close()
+        server.shutdown()
+
+
+def test_metrics_need_the_token_when_one_is_set_and_never_name_servers_to_anyone_else(tmp_path):
+    registry = CollectorRegistry()
+    metrics = telemetry.Metrics(registry)
+    metrics.server_ready.labels(namespace="team-a", name="secret-project").set(1)
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+
+    def fetch(port: int, auth: str = "") -> tuple[int, str]:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Authorization": auth} if auth else {})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    protected = telemetry.serve(0, telemetry.Health(), host="127.0.0.1", registry=registry,
+                                access=telemetry.MetricsAccess(token_file=str(token)))
+    open_ = telemetry.serve(0, telemetry.Health(), host="127.0.0.1", registry=registry,
+                            access=telemetry.MetricsAccess())
+    try:
+        p = protected.server_address[1]
+        assert fetch(p)[0] == 401 and fetch(p, "Bearer wrong")[0] == 401
+        code, body = fetch(p, "Bearer s3cret")
+        assert code == 200 and 'name="secret-project"' in body
+        assert get(p, "/healthz")[0] == 200  # the probes need no token and learn nothing
+        code, body = fetch(open_.server_address[1])
+        assert code == 200 and "vllm_operator_reconciles_total" in body and "secret-project" not in body
+        assert "vllm_operator_server_ready" not in body
+    finally:
+        protected.shutdown()
+        open_.shutdown()

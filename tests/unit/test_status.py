@@ -39,6 +39,8 @@ def test_the_cases_cover_every_condition_and_field_the_operator_writes():
     assert fields == set(api.VLLMServerStatus.model_json_schema(by_alias=True)["properties"])
     kv = {k for sent in statuses().values() for s in sent for k in s.get("kvCapacity") or {}}
     assert kv == set(api.KVCapacityStatus.model_json_schema(by_alias=True)["properties"])
+    template = {k for sent in statuses().values() for s in sent for k in s.get("chatTemplate") or {}}
+    assert template == set(api.ChatTemplateStatus.model_json_schema(by_alias=True)["properties"])
     adapters = {k for sent in statuses().values() for s in sent for a in s.get("adapters") or [] for k in a}
     assert adapters == set(api.AdapterStatus.model_json_schema(by_alias=True)["properties"])
     scaling = {k for sent in statuses().values() for s in sent for k in s.get("autoscaling") or {}}

@@ -132,11 +132,12 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"{{ if .Values.rbac.podSecurityDryRun }}, "create"{{ end }}]
-# Events: the reconciler's, the autoscaler's and kopf's own warnings (create); while a server is short of
-# replicas, the Warning events of its workload and pods (list: FailedCreate, failed probes) name the cause.
+# Events: the reconciler's, the autoscaler's and kopf's own warnings (create; one per reason per server, counted
+# on: get, patch); while a server is short of replicas, the events of its workload and pods (list, one object's at
+# a time: FailedCreate, failed probes) name the cause.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "list"]
+  verbs: ["create", "get", "patch", "list"]
 {{- if and .Values.highAvailability.enabled .Values.operator.watchNamespaces }}
 # highAvailability, namespaced mode: kopf watches the KopfPeering of each watched namespace
 # and patches its keep-alive into it; the operator creates it at start when missing.

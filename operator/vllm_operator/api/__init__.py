@@ -35,7 +35,7 @@ from .routing import (
     owns_pool, pool_name,
 )
 from .status import (
-    AdapterStatus, AutoscalingStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
+    AdapterStatus, AutoscalingStatus, ChatTemplateStatus, Condition, KVCapacityStatus, PlanEstimates, PlanStatus, VLLMServerStatus,
 )
 
 __all__ = [
@@ -54,7 +54,7 @@ __all__ = [
     "ClaimRetentionPolicy", "EngineSpec", "GPUSpec", "ModelArchitecture",
     "ModelSpec", "NOT_A_FLAG_PATTERN", "ObjectMeta", "Quantization", "VLLMServer", "VLLMServerSpec",
     "WorkloadProfile", "downloads_in_init_container", "is_hub_model", "AdapterStatus", "AutoscalingStatus", "Condition",
-    "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus",
+    "ChatTemplateStatus", "KVCapacityStatus", "PlanEstimates", "PlanStatus", "VLLMServerStatus",
     "DEFAULT_PICKER_IMAGE", "HTTPRouteSpec", "InferencePoolSpec", "MAX_POOL_NAME", "PickerSpec", "RoutingSpec",
     "ScaleToZeroSpec", "ScorerWeights", "owns_pool", "pool_name",
 ]

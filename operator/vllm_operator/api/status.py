@@ -140,6 +140,16 @@ class KVCapacityStatus(_Status):
     """Ready pods when it was measured."""
 
 
+class ChatTemplateStatus(_Status):
+    """The last spec.engine.chatTemplate the operator checked (chattemplate.py), so that a restart checks it not
+    again: written by the operator only (the status subresource), so a tenant cannot vouch for its own template."""
+
+    digest: str = Field(max_length=80)
+    """sha256 of the checker's version and the template."""
+    problem: Optional[str] = Field(None, max_length=1024)
+    """Why vLLM could not use it; absent when it can."""
+
+
 class AdapterStatus(_Status):
     """One adapter of spec.adapters on the ready replicas."""
 
@@ -184,3 +194,5 @@ class VLLMServerStatus(_Status):
     served_models: Optional[list[str]] = Field(None, alias="servedModels")
     """The model names clients may send in the "model" field: the base model's served name and each adapter's,
     as the ready replicas list them in /v1/models (an adapter counts once every reached replica serves it)."""
+    chat_template: Optional[ChatTemplateStatus] = Field(None, alias="chatTemplate")
+    """The digest of the chat template last checked, and its verdict."""

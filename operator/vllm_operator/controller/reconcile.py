@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import adapters as lora, api, builders, documents, pipeline, planner, podsecurity
+from .. import adapters as lora, api, bounds, builders, chattemplate, documents, pipeline, planner, podsecurity
 from . import adapters, failures, kvcapacity, replan
 from .pod_admission import PodAdmission
 from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
@@ -36,7 +36,7 @@ log = logging.getLogger("vllm_operator.controller.reconcile")
 #: Status fields this reconciler owns (server-side apply on /status under its field manager);
 #: the autoscaler owns status.autoscaling and its own conditions under another manager.
 OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
-              "kvCapacity", "adapters", "servedModels")
+              "kvCapacity", "adapters", "servedModels", "chatTemplate")
 OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
                   "PlanOutdated", EXTRA_ARGS_UNCHECKED, "AdaptersReady", "Routing")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
@@ -210,6 +210,8 @@ class Result:
     ready_replicas: int = 0
     outdated: Optional[str] = None
     """What a re-plan would change, when the workload was kept on its running plan (replan.py)."""
+    pending: bool = False
+    """The chat template waits for its check (chattemplate.Queued): nothing was decided, nothing written."""
 
 
 @dataclass
@@ -229,6 +231,8 @@ class Pass:
     errors: list[str] = field(default_factory=list)
     """Why the spec cannot be deployed; the SpecValid reason is `reason`."""
     reason: str = "InvalidSpec"
+    template: Optional[api.ChatTemplateStatus] = None
+    """The chat template's verdict, kept in status.chatTemplate (chattemplate.py)."""
 
     @property
     def name(self) -> str:
@@ -280,6 +284,9 @@ class Reconciler:
     #: The KV cache capacity vLLM allocated on the ready pods (kvcapacity.py), for status.kvCapacity; None: not
     #: reported.
     kv_capacity: Optional[vllm_metrics.Observations] = None
+    #: The operator's chat template checks (bounded, rated, on their own threads); None: checked in the calling
+    #: thread (chattemplate.problem: the CLI, tests).
+    templates: Optional[chattemplate.Checker] = None
     #: Loads and unloads spec.adapters on the ready pods (controller/adapters.py), for status.adapters; None: the
     #: adapters are planned but not loaded (tests that build a Reconciler).
     adapter_sync: Optional[adapters.AdapterSync] = None
@@ -340,7 +347,11 @@ class Reconciler:
         """Read the live status, plan, then either keep the last valid children (an invalid spec) or deploy the
         planned ones; report the status (written when it changed) and post the Events."""
         run = self._read(body)
-        self._plan(run)
+        try:
+            self._plan(run)
+        except chattemplate.Queued:  # reconciled again when the check ends (Checker.nudge)
+            run.result.pending = True
+            return run.result
         status = self._keep_last_valid(run) if run.errors else self._deploy(run)
         self._report(run, status)
         for type_, reason, message in run.result.events:
@@ -367,7 +378,8 @@ class Reconciler:
                                         hf_token_repos=self.hf_token_repos,
                                         default_prometheus_url=self.prometheus_url,
                                         allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
-                                        configs=self.configs, urls=self.urls, **kwargs)
+                                        configs=self.configs, urls=self.urls,
+                                        chat_template=self._template_check(run, spec.engine.chat_template), **kwargs)
         run.errors = [str(p) for p in run.plan.problems]
         if run.errors:
             run.reason = run.plan.problems[0].reason
@@ -385,11 +397,34 @@ class Reconciler:
         if too_large:
             run.errors = too_large
 
+    def _template_check(self, run: Pass, template: Optional[str]) -> Callable[[str], Optional[str]]:
+        """How this reconcile checks the chat template; its verdict, once known, goes into `run.template` (and
+        status.chatTemplate), and the one in the live status is trusted for the same digest."""
+        if not template:
+            return chattemplate.problem
+        key = chattemplate.digest(template)
+        live = run.status.get("chatTemplate")
+        stored = api.ChatTemplateStatus.from_live(live) if isinstance(live, dict) and live.get("digest") else None
+        checker = self.templates
+
+        def check(text: str) -> Optional[str]:
+            if checker is None:
+                why = chattemplate.problem(text)
+                found = chattemplate.known(key)[0]
+            else:
+                why = checker.verdict(text, (run.namespace, run.name),
+                                      (stored.digest, stored.problem) if stored is not None else None)
+                found = checker.known(key)[0]
+            if found:
+                run.template = api.ChatTemplateStatus(digest=key, problem=bounds.clean(why, 1024) if why else None)
+            return why
+        return check
+
     def _keep_last_valid(self, run: Pass) -> api.VLLMServerStatus:
         """An invalid spec: nothing new is applied, the children of the last valid spec keep serving, and the
         status says why (SpecValid, Degraded and Stalled False/True with the reason)."""
         run.result.valid = False
-        message = "; ".join(run.errors)
+        message = bounds.message("; ".join(run.errors))
         old_valid = condition(run.status, "SpecValid")
         run.conditions.set("SpecValid", "False", run.reason, message)
         if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
@@ -462,7 +497,8 @@ class Reconciler:
         Ready and Degraded transitions; the autoscaler's status cleared when autoscaling is off."""
         kstatus_reconciling(run.conditions)
         status.conditions = run.conditions.only(OWN_CONDITIONS)
-        new_status = status.wire()
+        status.chat_template = run.template
+        new_status = bounds.bounded_status(status.wire())
         result = run.result
         ready_condition = condition(new_status, "Ready")
         result.ready = ready_condition is not None and ready_condition["status"] == "True"
@@ -498,7 +534,7 @@ class Reconciler:
         if run.result.outdated is None:
             run.conditions.remove("PlanOutdated")
             return
-        message = replan.message(run.result.outdated)
+        message = bounds.message(replan.message(run.result.outdated))
         old = run.conditions.get("PlanOutdated")
         if old is None or old.message != message:
             run.result.events.append(("Normal", "PlanOutdated", message))
@@ -605,7 +641,7 @@ class Reconciler:
                     message = apierrors.rejected_message(obj["kind"], obj["metadata"]["name"], e.status, e.message)
                     self._refused[key] = Refusal(digest, message, attempts,
                                                  self.monotonic() + apierrors.rejected_backoff(attempts))
-                    log.warning("%s/%s: %s", key[0], key[1], message)
+                    log.warning("%s/%s: %s", key[0], key[1], bounds.clean(message, bounds.EVENT_MESSAGE_CHARS))
                     return workload or self._live_workload(live, current), (apierrors.API_REJECTED, message)
                 if autoscaled and current is None:
                     self._adopt_replicas(applied, spec)
