@@ -195,6 +195,15 @@ def test_model_that_cannot_fit_asks_for_more_gpus_or_quantization():
                     workloadProfile={"maxContextTokens": 4096}).fits
 
 
+def test_a_utilization_that_leaves_no_budget_is_refused_not_raised():
+    """Found by the extreme-spec fuzz: a pinned utilisation so small the budget rounds to 0 bytes divided by zero in
+    the suggestions; it is a refusal that suggests no GPU size."""
+    plan = plan_for({"name": "Qwen/Qwen2.5-0.5B-Instruct", "quantization": "awq_marlin"},
+                    gpu={"count": 1, "product": "Tesla-T4"}, engine={"gpuMemoryUtilization": 1e-300})
+    assert not plan.fits and plan.problems
+    assert not any("a GPU with more memory" in m for m in messages(plan, "spec.gpu"))
+
+
 def test_context_longer_than_the_model_supports_profile():
     plan = plan_for(LLAMA_8B, gpu={"count": 1, "memory": "80Gi"}, workloadProfile={"maxContextTokens": 200_000})
     [msg] = messages(plan, "spec.workloadProfile.maxContextTokens")

@@ -401,8 +401,9 @@ def _fit_suggestions(p: Plan, s: Sizing, activation: int, longest: int, limits: 
             out.append(f"more GPUs (gpu.count: {t} leaves room for the KV cache)")
             break
     share = budget / p.gpu_memory if p.gpu_memory else 0.9
-    out.append(f"a GPU with more memory (over {gib(int((weights + activation + fixed) / share))} each at this "
-               f"count, before the KV cache)")
+    if share > 0:  # a utilisation that leaves no budget at all: no GPU size would help
+        out.append(f"a GPU with more memory (over {gib(int((weights + activation + fixed) / share))} each at this "
+                   f"count, before the KV cache)")
     if p.spec.model.quantization in (None, "none") and s.elem >= 2:
         out.append(f"a quantized checkpoint: 4-bit weights take about {gib(weights // 4)} here (model.quantization: "
                    f"awq_marlin, gptq_marlin), 8-bit about {gib(weights // 2)} (fp8)")
