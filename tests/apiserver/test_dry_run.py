@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from e2e.testbed import epp
 from e2e.testbed.convergence import wait_established
 from vllm_operator import generate
 from tests.artefacts.test_packaging import BUNDLE, render
@@ -22,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Other projects' CRDs: not served by the test cluster (a LeaderWorkerSet's admission by LWS's own webhooks is
 #: tests/apiserver/test_leaderworkerset.py's).
 EXTERNAL_GROUPS = ("monitoring.coreos.com/", "keda.sh/", "leaderworkerset.x-k8s.io/")
+#: Groups whose CRDs the test bed builds (tools/epp-build.sh): installed for the examples that use them.
+ROUTING_GROUPS = ("inference.networking.k8s.io/", "gateway.networking.k8s.io/")
 
 
 def server_dry_run(cp, objects: list[dict]) -> str:
@@ -62,6 +65,10 @@ def test_operator_output_for_every_example_passes_server_side_dry_run(control_pl
         o["metadata"]["namespace"] = namespace
     checked = [o for o in objects if not o["apiVersion"].startswith(EXTERNAL_GROUPS)]
     assert {o["kind"] for o in objects} & {"StatefulSet", "DaemonSet", "LeaderWorkerSet"}
+    if any(o["apiVersion"].startswith(ROUTING_GROUPS) for o in checked):
+        # spec.routing: the pool and the route against the extension's and the Gateway API's own CRDs
+        epp.install_crds(control_plane)
+        epp.install_gateway_crds(control_plane)
     out = server_dry_run(control_plane, checked)
     assert out.count("(server dry run)") == len(checked)
     # the VLLMServer itself, against the CRD's schema
