@@ -273,6 +273,14 @@ def pod_template(plan: Plan) -> dict[str, Any]:
 def base_pod_template(plan: Plan) -> dict[str, Any]:
     """The vLLM pod: image, derived args, GPUs, shared memory, cache, probes that never kill a loading model;
     the spec's extra volumes and containers."""
+    mounts, volumes = _pod_volumes(plan)
+    pod_spec = _pod_spec(plan, _vllm_container(plan, mounts), volumes, mounts)
+    return {"metadata": _template_metadata(plan), "spec": pod_spec}
+
+
+def _pod_volumes(plan: Plan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The volumes: the mounts vLLM shares with the download (home, cache, shared memory), and the pod's volumes
+    (the operator's, then the spec's)."""
     spec = plan.spec
     mounts = [{"name": "cache", "mountPath": CACHE_MOUNT}, {"name": "home", "mountPath": HOME}]
     volumes: list[dict[str, Any]] = [{"name": "home", "emptyDir": {}}]
@@ -287,8 +295,14 @@ def base_pod_template(plan: Plan) -> dict[str, Any]:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(plan.shm_bytes)}})
     volumes += [{"name": v.name} | v.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
                 for v in spec.volumes]
-    extra_mounts = [m.model_dump(by_alias=True, exclude_none=True) for m in spec.volume_mounts]
+    return mounts, volumes
 
+
+def _vllm_container(plan: Plan, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The vLLM container: image, derived args, port, env, GPUs, the volumes' `mounts` then the spec's, probes,
+    the preStop sleep and the container's security context."""
+    spec = plan.spec
+    extra_mounts = [m.model_dump(by_alias=True, exclude_none=True) for m in spec.volume_mounts]
     container: dict[str, Any] = {
         "name": "vllm",
         "image": spec.image,
@@ -300,6 +314,17 @@ def base_pod_template(plan: Plan) -> dict[str, Any]:
         # A container that exits with an error leaves its last log lines (vLLM's traceback) in
         # lastState.terminated.message, which the reconciler quotes in the Degraded condition.
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        **_probes_and_lifecycle(plan),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    return container
+
+
+def _probes_and_lifecycle(plan: Plan) -> dict[str, Any]:
+    """The vLLM container's probes, which never kill a loading model, and its preStop sleep."""
+    return {
         # /health refuses connections while the model loads: the startup probe waits for the whole
         # load, and liveness only starts after it succeeds, so a loading server is never killed.
         "startupProbe": _probe("/health", 10, 5, max(1, math.ceil(plan.startup_seconds / 10))),
@@ -307,15 +332,17 @@ def base_pod_template(plan: Plan) -> dict[str, Any]:
         "livenessProbe": _probe("/health", 20, 10, 6),
         # Let the endpoint leave the Services before vLLM stops taking requests (SIGTERM after the sleep).
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(plan.prestop_seconds)]}}},
-        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
-    if spec.image_pull_policy:
-        container["imagePullPolicy"] = spec.image_pull_policy
 
+
+def _pod_spec(plan: Plan, container: dict[str, Any], volumes: list[dict[str, Any]],
+              mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod's spec: the vLLM container and its init containers, volumes, tolerations, the pod's security and
+    shutdown, then the placement and the options the spec sets."""
+    spec = plan.spec
     node_selector, affinity = node_placement(plan)
     tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     tolerations += [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
-
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
@@ -328,40 +355,61 @@ def base_pod_template(plan: Plan) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(spec),
     }
-    # The spec's init containers first (they may prepare what the rest needs), then the native sidecars (a proxy
-    # the download goes through), then the download; vLLM after all of them.
+    init_containers = _init_containers(plan, mounts)
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    pod_spec.update(_pod_options(spec, node_selector, affinity))
+    return pod_spec
+
+
+def _init_containers(plan: Plan, mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The init containers in start order: the spec's init containers first (they may prepare what the rest
+    needs), then the native sidecars (a proxy the download goes through), then the download; vLLM after all."""
+    spec = plan.spec
     init_containers = [extra_container(c) for c in spec.init_containers]
     init_containers += [extra_container(c, native_sidecar=True) for c in spec.sidecars]
     download = download_container(plan, mounts)
     if download is not None:
         init_containers.append(download)
-    if init_containers:
-        pod_spec["initContainers"] = init_containers
-    if node_selector:
-        pod_spec["nodeSelector"] = node_selector
-    if spec.ipc == "Host":
-        pod_spec["hostIPC"] = True
-    if spec.host_network:
-        pod_spec["hostNetwork"] = True
-        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    if affinity:
-        pod_spec["affinity"] = affinity
-    if spec.service_account_name:
-        pod_spec["serviceAccountName"] = spec.service_account_name
-    if spec.priority_class_name:
-        pod_spec["priorityClassName"] = spec.priority_class_name
-    if spec.runtime_class_name:
-        pod_spec["runtimeClassName"] = spec.runtime_class_name
-    if spec.topology_spread_constraints:
-        pod_spec["topologySpreadConstraints"] = [dict(c) for c in spec.topology_spread_constraints]
+    return init_containers
 
+
+def _pod_options(spec: api.VLLMServerSpec, node_selector: dict[str, str],
+                 affinity: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The pod spec's fields set only when there is something to set: placement, host namespaces, service
+    account, priority, runtime class, topology spread, in a fixed order (the rendered bytes follow it)."""
+    options: dict[str, Any] = {}
+    if node_selector:
+        options["nodeSelector"] = node_selector
+    if spec.ipc == "Host":
+        options["hostIPC"] = True
+    if spec.host_network:
+        options["hostNetwork"] = True
+        options["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if affinity:
+        options["affinity"] = affinity
+    if spec.service_account_name:
+        options["serviceAccountName"] = spec.service_account_name
+    if spec.priority_class_name:
+        options["priorityClassName"] = spec.priority_class_name
+    if spec.runtime_class_name:
+        options["runtimeClassName"] = spec.runtime_class_name
+    if spec.topology_spread_constraints:
+        options["topologySpreadConstraints"] = [dict(c) for c in spec.topology_spread_constraints]
+    return options
+
+
+def _template_metadata(plan: Plan) -> dict[str, Any]:
+    """The pod template's metadata: the spec's pod labels under the operator's, the InferencePool's member label,
+    the spec's pod annotations."""
+    spec = plan.spec
     pod_labels = {**spec.pod_labels, **labels(plan.name)}
     if spec.routing.inference_pool.enabled:  # the InferencePool selects its members by this label
         pod_labels[POOL_LABEL] = api.pool_name(plan.name, spec.routing)
     template_meta: dict[str, Any] = {"labels": pod_labels}
     if spec.pod_annotations:
         template_meta["annotations"] = dict(spec.pod_annotations)
-    return {"metadata": template_meta, "spec": pod_spec}
+    return template_meta
 
 
 # --------------------------------------------------------------------------- workloads

@@ -395,6 +395,7 @@ def hub_settings(args: argparse.Namespace) -> tuple[Optional[str], Union[str, bo
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The vllm-operator command line: plan, render, crd, catalog and run."""
     parser = argparse.ArgumentParser(prog="vllm-operator", description=__doc__)
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -418,6 +419,14 @@ def build_parser() -> argparse.ArgumentParser:
     k.set_defaults(func=cmd_catalog)
 
     run = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster config")
+    _run_arguments(run)
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def _run_arguments(run: argparse.ArgumentParser) -> None:
+    """The run command's flags: what to watch, logging, the Hub, URLs, resync and re-plan; then the metrics
+    server's, the chat template checks' and HA's (in that order, as --help lists them)."""
     run.add_argument("--namespace", "-n", action="append", default=[],
                      help="watch only this namespace (repeatable); cluster-wide when omitted")
     run.add_argument("--log-format", choices=["text", "json"], default="text")
@@ -432,6 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--replan-outdated-per-minute", type=float, default=0.0,
                      help="re-plan at most this many servers a minute whose running plan an operator upgrade changed "
                           "(0: only when a server's vllm-operator.io/replan annotation asks); docs/upgrades.md")
+    _metrics_arguments(run)
+    _chat_template_arguments(run)
+    _peering_arguments(run)
+
+
+def _metrics_arguments(run: argparse.ArgumentParser) -> None:
+    """The run command's flags of its metrics and health server."""
     run.add_argument("--health-port", type=int, default=8080, help="port of /metrics, /healthz and /readyz (0: off)")
     run.add_argument("--metrics-token-file", metavar="PATH",
                      help="/metrics answers only a caller sending this file's content as a bearer token (read at "
@@ -439,6 +455,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-public-server-series", action="store_true",
                      help="serve the series that name each VLLMServer (namespace, name) on /metrics to callers "
                           "without the token too (off: only with --metrics-token-file and the token)")
+
+
+def _chat_template_arguments(run: argparse.ArgumentParser) -> None:
+    """The run command's flags that bound the chat template checks."""
     run.add_argument("--chat-template-memory-mib", type=int, default=64, metavar="MIB",
                      help="address space of the child that checks one chat template (less when the operator's "
                           "cgroup has less to spare); docs/security.md")
@@ -446,6 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="chat templates checked at once (each in its own child)")
     run.add_argument("--chat-template-checks-per-minute", type=float, default=2.0, metavar="N",
                      help="new chat templates one VLLMServer may have checked a minute, after a burst of 3")
+
+
+def _peering_arguments(run: argparse.ArgumentParser) -> None:
+    """The run command's flags of kopf's cluster-wide scanning and of HA peering."""
     run.add_argument("--disable-scanning", action="store_true",
                      help="never list or watch CRDs and Namespaces cluster-wide (kopf's scanning): for namespaced "
                      "installs that have Roles only; a reinstalled CRD is then noticed on restart")
@@ -455,8 +479,6 @@ def build_parser() -> argparse.ArgumentParser:
                      "replica wins")
     run.add_argument("--peering-lifetime", type=int, default=None,
                      help="seconds a replica's keep-alive holds, which bounds the takeover time (default 15)")
-    run.set_defaults(func=cmd_run)
-    return parser
 
 
 def main(argv: Optional[list[str]] = None) -> int:

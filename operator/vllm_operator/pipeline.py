@@ -100,40 +100,69 @@ def plan_server(
     none, offline); `hf_token`: the token sent to it (hub.lookup's `token`), only for the repos `hf_token_repos`
     names (hub.token_for; None: any, the CLI's own token).
     `read_file`: how a small JSON file of a Hub repo is read (the adapters' adapter_config.json; hub.file_json)."""
-    model_error = None
-    model_error_field = "spec.model.architecture"
-    base = None
     resolving: dict[str, Any] = {"hf_endpoint": hf_endpoint, "fetch": fetch, "local_config": local_config,
                                  "cache": configs, "hf_token": hub.token_for(spec.model.name, hf_token, hf_token_repos)}
+    found = _resolve(spec, resolving, urls, local_config, hf_token, hf_token_repos)
+    facts = adapter_facts(spec, hf_endpoint, configs, read=read_file) if spec.adapters else {}
+    plan = planner.plan(name, namespace, spec, found.model, model_error=found.error,
+                        model_error_field=found.error_field, default_prometheus_url=default_prometheus_url,
+                        allow_unsafe_args=allow_unsafe_args, urls=urls, adapter_facts=facts)
+    _after_plan(plan, spec, found, chat_template)
+    return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resolution:
+    """The model's facts as plan_server found them, or why not (the error and the field at fault), and the base
+    model a quantized checkpoint's name points to (None: not looked for, or the name points to none)."""
+
+    model: Optional[catalog.ResolvedModel]
+    error: Optional[str] = None
+    error_field: str = "spec.model.architecture"
+    base: Optional[str] = None
+
+
+def _resolve(spec: api.VLLMServerSpec, resolving: dict[str, Any], urls: Optional[URLPolicy],
+             local_config: Optional[str], hf_token: Union[str, bool, None],
+             hf_token_repos: Optional[tuple[str, ...]]) -> _Resolution:
+    """The resolve step: the model's facts (model_facts.resolve_model with `resolving`), those of the base model
+    when an unknown name is a quantized checkpoint's, or why there are none."""
     refused = urls.config_problem(spec.model.config_url) if urls and spec.model.config_url else None
     try:
         if refused:
             raise ValueError(refused)
-        model = model_facts.resolve_model(spec.model, **resolving)
+        return _Resolution(model_facts.resolve_model(spec.model, **resolving))
     except catalog.UnknownModelError as exc:
-        model, model_error = None, str(exc)
         base = quantized_base_name(spec.model.name)
-        if base is not None:
-            try:
-                resolving["hf_token"] = hub.token_for(base, hf_token, hf_token_repos)
-                resolved = model_facts.resolve_model(spec.model.model_copy(update={"name": base}), **resolving)
-            except ValueError:
-                pass
-            else:
-                # The base model's facts, not the checkpoint's: its quantization (none) says nothing of this one.
-                model, model_error = dataclasses.replace(
-                    resolved, source=f"{resolved.source}, base model of the quantized checkpoint {spec.model.name}",
-                    architecture=resolved.architecture.model_copy(update={"quantization": None}),
-                ), None
+        model = _resolve_base(spec, base, resolving, hf_token, hf_token_repos) if base is not None else None
+        return _Resolution(model, None if model is not None else str(exc), base=base)
     except ValueError as exc:
         # an explicitly named config.json that cannot be read: the field that named it is at fault
-        model, model_error = None, str(exc)
-        model_error_field = ("--model-config" if local_config else "spec.model.configURL" if spec.model.config_url
-                             else "spec.model.name")
-    facts = adapter_facts(spec, hf_endpoint, configs, read=read_file) if spec.adapters else {}
-    plan = planner.plan(name, namespace, spec, model, model_error=model_error, model_error_field=model_error_field,
-                        default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args,
-                        urls=urls, adapter_facts=facts)
+        return _Resolution(None, str(exc), "--model-config" if local_config else "spec.model.configURL"
+                           if spec.model.config_url else "spec.model.name")
+
+
+def _resolve_base(spec: api.VLLMServerSpec, base: str, resolving: dict[str, Any], hf_token: Union[str, bool, None],
+                  hf_token_repos: Optional[tuple[str, ...]]) -> Optional[catalog.ResolvedModel]:
+    """The facts of `base`, the model a quantized checkpoint was made from, under the checkpoint's name and
+    without the base's quantization (none, which says nothing of the checkpoint's); None when it cannot be
+    resolved."""
+    try:
+        resolving["hf_token"] = hub.token_for(base, hf_token, hf_token_repos)
+        resolved = model_facts.resolve_model(spec.model.model_copy(update={"name": base}), **resolving)
+    except ValueError:
+        return None
+    return dataclasses.replace(
+        resolved, source=f"{resolved.source}, base model of the quantized checkpoint {spec.model.name}",
+        architecture=resolved.architecture.model_copy(update={"quantization": None}),
+    )
+
+
+def _after_plan(plan: planner.Plan, spec: api.VLLMServerSpec, found: _Resolution,
+                chat_template: Callable[[str], Optional[str]]) -> None:
+    """The checks after the plan, into it: the model's notes, the chat template, a quantized checkpoint planned
+    as 16-bit, and last the final pod template (after spec.podTemplatePatch) once everything else fits."""
+    model, base = found.model, found.base
     if model is not None:
         plan.notes.extend(model.notes)
     if spec.engine.chat_template:
@@ -144,6 +173,4 @@ def plan_server(
         plan.notes.append(f"{spec.model.name} looks like a quantized checkpoint of {base}, but model.quantization is "
                           "none: its weights were sized as 16-bit; set model.quantization (e.g. awq_marlin) to size "
                           "them right")
-    # Last: the final pod template (after spec.podTemplatePatch) is checked once everything else fits.
     plan.problems.extend(escape_hatches.problems(plan))
-    return plan

@@ -743,6 +743,118 @@ def _values(extra: list[str], i: int, info: Optional[vllm_flags.FlagInfo]) -> li
     return extra[i:end]
 
 
+@dataclass(frozen=True)
+class _ExtraFlag:
+    """One flag token of extraArgs, parsed: the flag as written, its '=value' if any, and what the snapshot knows."""
+
+    flag: str
+    """The flag as written (-O3 reads as --optimization-level)."""
+    eq: str
+    """"=" when the value was written inline (--seed=1), else ""."""
+    inline: str
+    """The inline value ("" when none)."""
+    normal: str
+    """The flag normalised (vllm_flags.normalise)."""
+    dotted: Optional[str]
+    """The JSON-valued parent of a dotted key (--compilation-config.mode -> --compilation-config), or None."""
+    info: Optional[vllm_flags.FlagInfo]
+    """What the snapshot's parser knows of it; None: it does not know it."""
+    action: Optional[str]
+    """The operator-owned flag this is another option string of (-tp: --tensor-parallel-size), or None."""
+    capacity: Optional[str]
+    """The capacity flag it is (capacity_flag), or None."""
+
+
+def _parse_extra_flag(token: str, snap: vllm_flags.Snapshot) -> _ExtraFlag:
+    """The parse: one flag token of extraArgs read against the snapshot."""
+    flag, eq, inline = token.partition("=")
+    if flag.startswith("-O") and not flag.startswith("--") and flag != "-O":  # -O3: --optimization-level 3
+        flag, eq, inline = "--optimization-level", "=", flag[2:].lstrip("=") or inline
+    normal, dotted, info = _snapshot_flag(flag, snap)
+    # Another spelling of a flag the operator owns sets the same value: -tp, --device-memory-utilization,
+    # --disable-prefix-caching (0.33) are the action's other option strings.
+    action = info.action if info is not None and info.action in OWNED_FLAGS else None
+    capacity = capacity_flag(flag, info.action if info is not None else "")
+    return _ExtraFlag(flag, eq, inline, normal, dotted, info, action, capacity)
+
+
+def _names_owned(f: _ExtraFlag) -> bool:
+    """Whether the flag, as written, normalised or as the parent of a dotted key, is one the operator owns."""
+    return f.normal in OWNED_FLAGS or f.flag in OWNED_FLAGS or bool(f.dotted and f.dotted in OWNED_FLAGS)
+
+
+def _left_to_its_release(f: _ExtraFlag) -> bool:
+    """The per-release snapshot check, loose: whether only the image's own parser could judge the flag (unknown
+    to the snapshot, or known bad in it) and nothing else refuses it (owned, capacity, credential, file)."""
+    return f.capacity is None and (f.info is None or f.normal in KNOWN_BAD_FLAGS or f.flag in KNOWN_BAD_FLAGS) \
+        and f.normal not in CREDENTIAL_FLAGS and not _names_owned(f) and not reads_a_file(f.normal)
+
+
+def _owned_refusal(f: _ExtraFlag, allow_unsafe: bool) -> Optional[str]:
+    """The owned flags: why the operator's own flag may not be set (None for --host/--port under the escape
+    hatch, the annotation: `allow_unsafe`)."""
+    if f.normal in UNSAFE_FLAGS:
+        if allow_unsafe:
+            return None  # the escape hatch: the user owns the pod's address (docs/security.md)
+        return (f"{f.flag} is fixed by the operator: {OWNED_FLAGS[f.normal]}. To set it anyway, annotate the "
+                f"VLLMServer {api.ALLOW_UNSAFE_ARGS_ANNOTATION}: \"true\" (docs/security.md)")
+    owner = OWNED_FLAGS.get(f.dotted or f.normal) or OWNED_FLAGS.get(f.flag) or OWNED_FLAGS[f.action or ""]
+    if f.action and f.action != f.normal:
+        return f"{f.flag} is vLLM's other name for {f.action}, which is derived by the operator; set {owner} " \
+               "instead"
+    return f"{f.flag} is derived by the operator; set {owner} instead"
+
+
+def _refusal(f: _ExtraFlag, snap: vllm_flags.Snapshot, allow_unsafe: bool) -> Optional[str]:
+    """Why extraArgs may not carry the flag, first reason first (known bad, capacity, credential, owned, reads a
+    file, unknown to the snapshot), or None when it may."""
+    if f.normal in KNOWN_BAD_FLAGS or f.flag in KNOWN_BAD_FLAGS:
+        return f"{f.flag} {KNOWN_BAD_FLAGS.get(f.normal) or KNOWN_BAD_FLAGS[f.flag]}"
+    if f.capacity is not None:
+        return f"{f.flag} {CAPACITY_FLAGS[f.capacity]}"
+    if f.normal in CREDENTIAL_FLAGS:
+        return (f"{f.flag} takes a credential, which must not be written in the spec (anyone who can read the "
+                f"VLLMServer could read it); {CREDENTIAL_FLAGS[f.normal]}")
+    if f.normal in UNSAFE_FLAGS or _names_owned(f) or f.action:
+        return _owned_refusal(f, allow_unsafe)
+    if reads_a_file(f.normal):
+        return (f"{f.flag} reads a file, whose contents would reach vLLM past the operator's checks (--config "
+                "splices its flags in); set the flags themselves in extraArgs, or the spec's fields")
+    if f.info is None:
+        return f"vLLM {snap.version} has no flag {f.flag}: the server would exit with code 2 and crash-loop"
+    return None
+
+
+def _value_problems(f: _ExtraFlag, info: vllm_flags.FlagInfo, extra: list[str], i: int, where: str,
+                    loose: bool) -> tuple[int, list[Problem]]:
+    """The value checks of an accepted flag whose values start at extra[i]: the index after them, and what is
+    wrong (a value missing or not wanted, one outside the choices unless `loose`)."""
+    problems: list[Problem] = []
+    flag = f.flag
+    if f.dotted:
+        if not f.eq:
+            if i < len(extra) and _is_value(extra[i]):
+                i += 1
+            else:
+                problems.append(Problem(where, f"{flag} needs a value"))
+        return i, problems
+    if f.eq:
+        if not info.takes_value:
+            problems.append(Problem(where, f"{flag} takes no value; write {flag} alone"))
+        elif info.choices and f.inline not in info.choices and not loose:
+            problems.append(Problem(where, f"{flag} {f.inline!r} is not one of {', '.join(info.choices)}"))
+        return i, problems
+    values = _values(extra, i, info) if info.takes_value else []
+    if values:
+        i += len(values)
+        for value in values:
+            if info.choices and value not in info.choices and not loose:
+                problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))
+    elif info.takes_value and info.nargs_required:
+        problems.append(Problem(where, f"{flag} needs a value"))
+    return i, problems
+
+
 def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool = False,
                      snapshot: Optional[vllm_flags.Snapshot] = None) -> list[Problem]:
     """Refuse flags vLLM does not have, flags the operator derives (or another spelling of one, such as
@@ -764,72 +876,21 @@ def check_extra_args(extra: list[str], allow_unsafe: bool = False, loose: bool =
             problems.append(Problem(where, f"{token!r} is not a flag; extraArgs holds flags and their values, "
                                     "like ['--seed', '1']"))
             continue
-        flag, eq, inline = token.partition("=")
-        if flag.startswith("-O") and not flag.startswith("--") and flag != "-O":  # -O3: --optimization-level 3
-            flag, eq, inline = "--optimization-level", "=", flag[2:].lstrip("=") or inline
-        normal, dotted, info = _snapshot_flag(flag, snap)
-        # Another spelling of a flag the operator owns sets the same value: -tp, --device-memory-utilization,
-        # --disable-prefix-caching (0.33) are the action's other option strings.
-        action = info.action if info is not None and info.action in OWNED_FLAGS else None
-        capacity = capacity_flag(flag, info.action if info is not None else "")
-        refusal = None
-        if loose and capacity is None and (info is None or normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS) \
-                and normal not in CREDENTIAL_FLAGS and normal not in OWNED_FLAGS and flag not in OWNED_FLAGS \
-                and not (dotted and dotted in OWNED_FLAGS) and not reads_a_file(normal):
-            if not eq and i < len(extra) and _is_value(extra[i]):
-                i += len(_values(extra, i, info))
+        f = _parse_extra_flag(token, snap)
+        if loose and _left_to_its_release(f):
+            if not f.eq and i < len(extra) and _is_value(extra[i]):
+                i += len(_values(extra, i, f.info))
             continue
-        if normal in KNOWN_BAD_FLAGS or flag in KNOWN_BAD_FLAGS:
-            refusal = f"{flag} {KNOWN_BAD_FLAGS.get(normal) or KNOWN_BAD_FLAGS[flag]}"
-        elif capacity is not None:
-            refusal = f"{flag} {CAPACITY_FLAGS[capacity]}"
-        elif normal in CREDENTIAL_FLAGS:
-            refusal = (f"{flag} takes a credential, which must not be written in the spec (anyone who can read the "
-                       f"VLLMServer could read it); {CREDENTIAL_FLAGS[normal]}")
-        elif normal in UNSAFE_FLAGS and allow_unsafe:
-            pass  # the escape hatch: the user owns the pod's address (docs/security.md)
-        elif normal in UNSAFE_FLAGS:
-            refusal = (f"{flag} is fixed by the operator: {OWNED_FLAGS[normal]}. To set it anyway, annotate the "
-                       f"VLLMServer {api.ALLOW_UNSAFE_ARGS_ANNOTATION}: \"true\" (docs/security.md)")
-        elif normal in OWNED_FLAGS or flag in OWNED_FLAGS or (dotted and dotted in OWNED_FLAGS) or action:
-            owner = OWNED_FLAGS.get(dotted or normal) or OWNED_FLAGS.get(flag) or OWNED_FLAGS[action or ""]
-            refusal = f"{flag} is derived by the operator; set {owner} instead"
-            if action and action != normal:
-                refusal = f"{flag} is vLLM's other name for {action}, which is derived by the operator; set {owner} " \
-                          "instead"
-        elif reads_a_file(normal):
-            refusal = (f"{flag} reads a file, whose contents would reach vLLM past the operator's checks (--config "
-                       "splices its flags in); set the flags themselves in extraArgs, or the spec's fields")
-        elif info is None:
-            refusal = f"vLLM {snap.version} has no flag {flag}: the server would exit with code 2 and crash-loop"
+        refusal = _refusal(f, snap, allow_unsafe)
         if refusal:
             problems.append(Problem(where, refusal))
             # The refused flag's value(s) go with it; do not report them again as "not a flag".
-            if not eq and (info is None or info.takes_value):
-                i += len(_values(extra, i, info))
+            if not f.eq and (f.info is None or f.info.takes_value):
+                i += len(_values(extra, i, f.info))
             continue
-        assert info is not None
-        if dotted:
-            if not eq:
-                if i < len(extra) and _is_value(extra[i]):
-                    i += 1
-                else:
-                    problems.append(Problem(where, f"{flag} needs a value"))
-            continue
-        if eq:
-            if not info.takes_value:
-                problems.append(Problem(where, f"{flag} takes no value; write {flag} alone"))
-            elif info.choices and inline not in info.choices and not loose:
-                problems.append(Problem(where, f"{flag} {inline!r} is not one of {', '.join(info.choices)}"))
-            continue
-        values = _values(extra, i, info) if info.takes_value else []
-        if values:
-            i += len(values)
-            for value in values:
-                if info.choices and value not in info.choices and not loose:
-                    problems.append(Problem(where, f"{flag} {value!r} is not one of {', '.join(info.choices)}"))
-        elif info.takes_value and info.nargs_required:
-            problems.append(Problem(where, f"{flag} needs a value"))
+        assert f.info is not None
+        i, found = _value_problems(f, f.info, extra, i, where, loose)
+        problems += found
     return problems
 
 

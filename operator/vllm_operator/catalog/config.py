@@ -49,41 +49,17 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
     """
     if not isinstance(config, dict):
         raise ValueError("not a JSON object")
-    cfg = dict(config)
-    for nested in ("text_config", "language_config", "llm_config"):
-        inner = config.get(nested)
-        if isinstance(inner, dict):
-            cfg.update({k: v for k, v in inner.items() if v is not None})
-            break
-
-    num_layers = _positive_int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers"))
-    heads = _positive_int(_first(cfg, "num_attention_heads", "n_head", "n_heads"))
-    hidden = _positive_int(_first(cfg, "hidden_size", "n_embd", "d_model"))
-    kv_heads = _positive_int(_first(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv"))
-    if kv_heads is None and heads is not None:
-        kv_heads = heads
-    head_dim = _positive_int(cfg.get("head_dim"))
-    if head_dim is None and hidden and heads and hidden % heads == 0:
-        head_dim = hidden // heads
-    experts = _positive_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts"))
-    if experts is not None and experts < 2:
-        experts = None
-    intermediate = _positive_int(_first(cfg, "intermediate_size", "n_inner", "ffn_hidden_size"))
-    moe_intermediate = _positive_int(cfg.get("moe_intermediate_size"))
-    if experts is not None and moe_intermediate is not None:
-        intermediate = moe_intermediate  # per-expert width: what the parameter estimate multiplies
+    cfg = _language_config(config)
+    attention = _attention_fields(cfg)
+    experts, intermediate = _feed_forward(cfg)
     quantization = checkpoint_quantization(config)
     dtype_raw = _first(cfg, "torch_dtype", "dtype")
     dtype = _DTYPES.get(dtype_raw.lower()) if isinstance(dtype_raw, str) else None
     tie = cfg.get("tie_word_embeddings")
 
-    window, window_layers = sliding_window_facts(cfg, num_layers)
+    window, window_layers = sliding_window_facts(cfg, attention["num_layers"])
     fields: dict[str, Any] = {
-        "num_layers": num_layers,
-        "num_attention_heads": heads,
-        "num_kv_heads": kv_heads,
-        "head_dim": head_dim,
-        "hidden_size": hidden,
+        **attention,
         "intermediate_size": intermediate,
         "vocab_size": _positive_int(cfg.get("vocab_size")),
         "max_position_embeddings": _positive_int(
@@ -105,6 +81,46 @@ def architecture_from_config(config: dict[str, Any]) -> ModelArchitecture:
         return ModelArchitecture.model_validate({k: v for k, v in fields.items() if v is not None})
     except pydantic.ValidationError as err:
         raise ValueError(f"out of range: {', '.join(_out_of_range(err))}") from None
+
+
+def _language_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config.json with its nested language model's keys (text_config, language_config, llm_config: the
+    first present) over the top level's."""
+    cfg = dict(config)
+    for nested in ("text_config", "language_config", "llm_config"):
+        inner = config.get(nested)
+        if isinstance(inner, dict):
+            cfg.update({k: v for k, v in inner.items() if v is not None})
+            break
+    return cfg
+
+
+def _attention_fields(cfg: dict[str, Any]) -> dict[str, Optional[int]]:
+    """The layers and the attention's shape (num_layers, num_attention_heads, num_kv_heads, head_dim,
+    hidden_size), with transformers' defaults for KV heads (all heads) and head width (hidden / heads)."""
+    num_layers = _positive_int(_first(cfg, "num_hidden_layers", "n_layer", "num_layers"))
+    heads = _positive_int(_first(cfg, "num_attention_heads", "n_head", "n_heads"))
+    hidden = _positive_int(_first(cfg, "hidden_size", "n_embd", "d_model"))
+    kv_heads = _positive_int(_first(cfg, "num_key_value_heads", "num_kv_heads", "n_head_kv"))
+    if kv_heads is None and heads is not None:
+        kv_heads = heads
+    head_dim = _positive_int(cfg.get("head_dim"))
+    if head_dim is None and hidden and heads and hidden % heads == 0:
+        head_dim = hidden // heads
+    return {"num_layers": num_layers, "num_attention_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim,
+            "hidden_size": hidden}
+
+
+def _feed_forward(cfg: dict[str, Any]) -> tuple[Optional[int], Optional[int]]:
+    """The experts (None below two) and the feed-forward width: per expert for a mixture of experts."""
+    experts = _positive_int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts"))
+    if experts is not None and experts < 2:
+        experts = None
+    intermediate = _positive_int(_first(cfg, "intermediate_size", "n_inner", "ffn_hidden_size"))
+    moe_intermediate = _positive_int(cfg.get("moe_intermediate_size"))
+    if experts is not None and moe_intermediate is not None:
+        intermediate = moe_intermediate  # per-expert width: what the parameter estimate multiplies
+    return experts, intermediate
 
 
 #: Suffixes of config.json architectures vLLM 0.32 serves as generative models (config/model.py _SUFFIX_TO_DEFAULTS,
