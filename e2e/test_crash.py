@@ -37,9 +37,11 @@ from vllm_operator.kube.client import Kube
 pytestmark = pytest.mark.apiserver
 
 SEED = int(os.environ.get("VLLM_OPERATOR_CRASH_SEED", "20261130"))
-#: The single-node examples: a group (spec.nodes > 1) needs LeaderWorkerSet, which this test's cluster does not run
-#: (tests/apiserver/test_leaderworkerset.py runs the real one).
-BASES = {p.name: example(p.name) for p in EXAMPLES if (example(p.name)["spec"].get("nodes") or 1) == 1}
+#: The single-node examples without routing: a group (spec.nodes > 1) needs LeaderWorkerSet and spec.routing the
+#: Inference Extension's CRDs, which this test's cluster does not serve (tests/apiserver/test_leaderworkerset.py and
+#: test_routing_apiserver.py run the real ones).
+BASES = {p.name: example(p.name) for p in EXAMPLES
+         if (example(p.name)["spec"].get("nodes") or 1) == 1 and not example(p.name)["spec"].get("routing")}
 MODELS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.2-3B-Instruct",
           "google/gemma-3-4b-it", "Qwen/Qwen2.5-32B-Instruct-AWQ"]
 

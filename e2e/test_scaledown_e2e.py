@@ -262,6 +262,18 @@ def scaled_down_events(st) -> list[dict]:
             if e["involvedObject"].get("name") == NAME and e["reason"] == "ScaledDown"]
 
 
+def scaled_downs(st) -> int:
+    """How many scale-downs were recorded: the operator counts on one Event per reason (its `count`)."""
+    return sum(e.get("count") or 1 for e in scaled_down_events(st))
+
+
+def latest_scaled_down(st, after: int) -> Optional[dict]:
+    """The ScaledDown Event once more than `after` scale-downs are recorded (its message is the latest one's)."""
+    if scaled_downs(st) <= after:
+        return None
+    return max(scaled_down_events(st), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+
 def two_pods_serving(st) -> dict[str, dict]:
     """Both pods Ready with real vLLM behind them, and the Service's EndpointSlices list both as ready."""
     wait_for(lambda: ready_pods(st) == {f"{NAME}-0", f"{NAME}-1"}, LOAD_TIMEOUT + 60,
@@ -282,7 +294,7 @@ def scale_down_under_load(st) -> dict:
     pods = two_pods_serving(st)
     uid0, uid1 = pods[f"{NAME}-0"]["metadata"]["uid"], pods[f"{NAME}-1"]["metadata"]["uid"]
     ip0, ip1 = pods[f"{NAME}-0"]["status"]["podIP"], pods[f"{NAME}-1"]["status"]["podIP"]
-    downs = len(scaled_down_events(st))
+    downs = scaled_downs(st)
 
     load = st["load"] = StreamingLoad(st["router"].pick, clients=CLIENTS, max_tokens=MAX_TOKENS).start()
     wait_for(lambda: all(any(r.tokens for r in load.in_flight(ip)) for ip in (ip0, ip1)), 120,
@@ -307,7 +319,7 @@ def scale_down_under_load(st) -> dict:
     left = hist[last + 1][0] if last + 1 < len(hist) else None
     sts = wait_for(lambda: (lambda s: s if s["status"].get("replicas") == 1 else None)(statefulset(st)), 60,
                    "the StatefulSet's status at 1 replica")
-    [down] = wait_for(lambda: scaled_down_events(st)[downs:] or None, 30, "the ScaledDown event")
+    down = wait_for(lambda: latest_scaled_down(st, downs), 30, "the ScaledDown event")
     out = {
         "sent": summary.sent, "completed": summary.completed, "lost": summary.lost,
         "cancelled": summary.cancelled, "by_pod": {NAME + ("-0" if h == ip0 else "-1"): v
