@@ -51,24 +51,24 @@ def ensure_built() -> Path:
     return out
 
 
-def install_crds(cp) -> list[str]:
-    """The extension's CRDs (InferencePool v1, InferenceObjective, ...) applied and established."""
-    crds = sorted((ensure_built() / "crds").glob("*.yaml"))
+def _install_crd_folder(cp, folder: str) -> list[str]:
+    """Every CRD file of the build's `folder` (named <group>_<plural>.yaml) applied and established; their names."""
+    crds = sorted((ensure_built() / folder).glob("*.yaml"))
     cp.kubectl("apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
     names = [c.name.split("_", 1)[1].removesuffix(".yaml") + "." + c.name.split("_", 1)[0] for c in crds]
     for name in names:
         wait_established(cp, name, timeout=120)
     return names
+
+
+def install_crds(cp) -> list[str]:
+    """The extension's CRDs (InferencePool v1, InferenceObjective, ...) applied and established."""
+    return _install_crd_folder(cp, "crds")
 
 
 def install_gateway_crds(cp) -> list[str]:
     """The Gateway API's standard-channel CRDs (HTTPRoute, Gateway, ...) at the version the extension requires."""
-    crds = sorted((ensure_built() / "gateway-crds").glob("*.yaml"))
-    cp.kubectl("apply", "--server-side", *[a for c in crds for a in ("-f", str(c))])
-    names = [c.name.split("_", 1)[1].removesuffix(".yaml") + "." + c.name.split("_", 1)[0] for c in crds]
-    for name in names:
-        wait_established(cp, name, timeout=120)
-    return names
+    return _install_crd_folder(cp, "gateway-crds")
 
 
 class Process:
