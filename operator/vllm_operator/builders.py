@@ -358,6 +358,8 @@ def _pod_spec(plan: Plan, container: dict[str, Any], volumes: list[dict[str, Any
     init_containers = _init_containers(plan, mounts)
     if init_containers:
         pod_spec["initContainers"] = init_containers
+    if spec.adapters:  # Ready only once the operator loaded the adapters on the pod's vLLM (docs/adapters.md)
+        pod_spec["readinessGates"] = [{"conditionType": adapters.GATE}]
     pod_spec.update(_pod_options(spec, node_selector, affinity))
     return pod_spec
 
