@@ -249,6 +249,10 @@ def test_the_gate_is_in_the_pod_template_only_with_adapters():
     assert with_adapters["spec"]["readinessGates"] == [{"conditionType": adapters.GATE}]
     assert "--enable-lora" in with_adapters["spec"]["containers"][0]["args"]
     assert "readinessGates" not in builders.base_pod_template(plan(spec_with([])))["spec"]
+    # On the node's network the operator never calls the pods (tenant safety): no gate that could never open.
+    daemon = spec_with([{"name": "a", "source": "/cache/a", "rank": 8}])
+    daemon = daemon.model_copy(update={"workload": "DaemonSet", "host_network": True})
+    assert "readinessGates" not in builders.base_pod_template(plan(daemon))["spec"]
 
 
 def test_the_gate_opens_once_every_adapter_was_tried_on_the_pods_vllm():
