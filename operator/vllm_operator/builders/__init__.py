@@ -11,10 +11,10 @@ import json
 import math
 from typing import Any, Optional
 
-from . import adapters, api, strategic_merge
-from .catalog import gpus
-from .planner import GiB, Plan
-from .planner.plan_types import COORDINATION_PORT
+from .. import adapters, api, strategic_merge
+from ..catalog import gpus
+from ..planner import GiB, Plan
+from ..planner.plan_types import COORDINATION_PORT
 
 PORT = api.VLLM_PORT
 PORT_NAME = "http"
