@@ -12,77 +12,32 @@ import math
 from typing import Any, Optional
 
 from .. import adapters, api, strategic_merge
-from ..catalog import gpus
-from ..planner import GiB, Plan
+from ..planner import Plan
 from ..planner.plan_types import COORDINATION_PORT
+from .names import (
+    CACHE_MOUNT, COORDINATION_PORT_NAME, GPU_PRODUCT_LABEL, GPU_RESOURCE, HF_HOME, HOME, LWS_API_VERSION, LWS_KIND,
+    MANAGED_BY, PORT, PORT_NAME, PRESTOP_SECONDS, ROLE_LABEL, SERVER_LABEL, headless_service_name, labels, metadata,
+    owner_reference, quantity, selector_labels, selector_string,
+)
 
-PORT = api.VLLM_PORT
-PORT_NAME = "http"
-CACHE_MOUNT = "/cache"
-HF_HOME = f"{CACHE_MOUNT}/huggingface"
-#: HOME of the non-root vLLM user: an emptyDir, since the image's /root is not writable by it (vLLM, torch.compile,
-#: Triton and FlashInfer keep caches and settings under ~/.cache and ~/.config).
-HOME = "/home/vllm"
-PRESTOP_SECONDS = 10
-GPU_RESOURCE = gpus.GPU_RESOURCE
-GPU_PRODUCT_LABEL = gpus.GFD_PRODUCT_LABEL
-MANAGED_BY = "vllm-operator"
-SERVER_LABEL = f"{api.GROUP}/server"
-#: A group's pods (spec.nodes > 1): "leader" (serves the API) or "worker" (vLLM --headless).
-ROLE_LABEL = f"{api.GROUP}/role"
-LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
-LWS_KIND = "LeaderWorkerSet"
-COORDINATION_PORT_NAME = "coordination"
-
-
-# --------------------------------------------------------------------------- shared helpers
-def selector_labels(name: str) -> dict[str, str]:
-    """Labels that select one server's pods; never change them (selectors are immutable)."""
-    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name}
-
-
-def labels(name: str, component: str = "server") -> dict[str, str]:
-    return {
-        **selector_labels(name),
-        "app.kubernetes.io/component": component,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        SERVER_LABEL: name,
-    }
-
-
-def selector_string(name: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
-
-
-def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
-    """Controller owner reference to the VLLMServer, so garbage collection removes children."""
-    meta = owner["metadata"]
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def metadata(plan: Plan, name: str, owner: Optional[dict], component: str = "server") -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": plan.namespace, "labels": labels(plan.name, component)}
-    if owner is not None:
-        meta["ownerReferences"] = [owner_reference(owner)]
-    return meta
-
-
-def quantity(n: int) -> str:
-    """Bytes as a whole number of Gi (or Mi below 1 Gi), the way people write them."""
-    if n % GiB == 0 or n >= 16 * GiB:
-        return f"{math.ceil(n / GiB)}Gi"
-    return f"{math.ceil(n / 2**20)}Mi"
-
-
-def headless_service_name(name: str) -> str:
-    return f"{name}-headless"
+__all__ = [
+    "PORT", "PORT_NAME", "CACHE_MOUNT", "HF_HOME", "HOME", "PRESTOP_SECONDS", "GPU_RESOURCE", "GPU_PRODUCT_LABEL",
+    "MANAGED_BY", "SERVER_LABEL", "ROLE_LABEL", "LWS_API_VERSION", "LWS_KIND", "COORDINATION_PORT_NAME",
+    "selector_labels", "labels", "selector_string", "owner_reference", "metadata", "quantity",
+    "headless_service_name", "container_resources", "container_env", "env_var", "DOWNLOAD_SCRIPT",
+    "DOWNLOAD_CONTAINER", "download_env", "download_container", "pod_security_context", "node_placement",
+    "node_requirements_text", "CONTAINER_SECURITY_CONTEXT", "extra_container", "pod_template", "base_pod_template",
+    "owns_replicas", "build_statefulset", "build_daemonset", "is_group", "leader_template", "worker_template",
+    "build_leaderworkerset", "build_service", "build_headless_service", "wants_pdb", "shared_cache_claim_name",
+    "build_shared_cache_claim", "build_pdb", "QUEUE_METRIC", "SCALE_UP_POLICIES", "scaler_quantity",
+    "scaling_behavior", "build_hpa", "scaled_object_query", "build_scaled_object", "ACTIVATION_ONLY_THRESHOLD",
+    "scale_to_zero_triggers", "MAX_OBJECT_BYTES", "oversized", "POOL_LABEL", "POOL_API_VERSION", "OBJECTIVE_GROUP",
+    "ROUTE_API_VERSION", "PICKER_CONFIG_API_VERSION", "PICKER_GRPC_PORT", "PICKER_HEALTH_PORT",
+    "PICKER_METRICS_PORT", "MODEL_NAME_HEADER", "PICKER_METRICS", "SCORERS", "picker_name", "picker_selector",
+    "picker_metrics", "release_before", "picker_config", "picker_args", "build_picker_rbac", "picker_container",
+    "build_picker_deployment", "build_picker_service", "build_inference_pool", "build_http_route", "build_routing",
+    "build_all",
+]
 
 
 # --------------------------------------------------------------------------- pod
