@@ -16,22 +16,22 @@ from ..planner import Plan
 from ..planner.plan_types import COORDINATION_PORT
 from .names import (
     CACHE_MOUNT, COORDINATION_PORT_NAME, GPU_PRODUCT_LABEL, GPU_RESOURCE, HF_HOME, HOME, LWS_API_VERSION, LWS_KIND,
-    MANAGED_BY, PORT, PORT_NAME, PRESTOP_SECONDS, ROLE_LABEL, SERVER_LABEL, headless_service_name, labels, metadata,
-    owner_reference, quantity, selector_labels, selector_string,
+    MANAGED_BY, POOL_LABEL, PORT, PORT_NAME, PRESTOP_SECONDS, ROLE_LABEL, SERVER_LABEL, headless_service_name,
+    labels, metadata, owner_reference, quantity, selector_labels, selector_string, shared_cache_claim_name,
 )
 
 __all__ = [
     "PORT", "PORT_NAME", "CACHE_MOUNT", "HF_HOME", "HOME", "PRESTOP_SECONDS", "GPU_RESOURCE", "GPU_PRODUCT_LABEL",
     "MANAGED_BY", "SERVER_LABEL", "ROLE_LABEL", "LWS_API_VERSION", "LWS_KIND", "COORDINATION_PORT_NAME",
-    "selector_labels", "labels", "selector_string", "owner_reference", "metadata", "quantity",
-    "headless_service_name", "container_resources", "container_env", "env_var", "DOWNLOAD_SCRIPT",
-    "DOWNLOAD_CONTAINER", "download_env", "download_container", "pod_security_context", "node_placement",
-    "node_requirements_text", "CONTAINER_SECURITY_CONTEXT", "extra_container", "pod_template", "base_pod_template",
-    "owns_replicas", "build_statefulset", "build_daemonset", "is_group", "leader_template", "worker_template",
-    "build_leaderworkerset", "build_service", "build_headless_service", "wants_pdb", "shared_cache_claim_name",
+    "POOL_LABEL", "selector_labels", "labels", "selector_string", "owner_reference", "metadata", "quantity",
+    "headless_service_name", "shared_cache_claim_name", "container_resources", "container_env", "env_var",
+    "DOWNLOAD_SCRIPT", "DOWNLOAD_CONTAINER", "download_env", "download_container", "pod_security_context",
+    "node_placement", "node_requirements_text", "CONTAINER_SECURITY_CONTEXT", "extra_container", "pod_template",
+    "base_pod_template", "owns_replicas", "build_statefulset", "build_daemonset", "is_group", "leader_template",
+    "worker_template", "build_leaderworkerset", "build_service", "build_headless_service", "wants_pdb",
     "build_shared_cache_claim", "build_pdb", "QUEUE_METRIC", "SCALE_UP_POLICIES", "scaler_quantity",
     "scaling_behavior", "build_hpa", "scaled_object_query", "build_scaled_object", "ACTIVATION_ONLY_THRESHOLD",
-    "scale_to_zero_triggers", "MAX_OBJECT_BYTES", "oversized", "POOL_LABEL", "POOL_API_VERSION", "OBJECTIVE_GROUP",
+    "scale_to_zero_triggers", "MAX_OBJECT_BYTES", "oversized", "POOL_API_VERSION", "OBJECTIVE_GROUP",
     "ROUTE_API_VERSION", "PICKER_CONFIG_API_VERSION", "PICKER_GRPC_PORT", "PICKER_HEALTH_PORT",
     "PICKER_METRICS_PORT", "MODEL_NAME_HEADER", "PICKER_METRICS", "SCORERS", "picker_name", "picker_selector",
     "picker_metrics", "release_before", "picker_config", "picker_args", "build_picker_rbac", "picker_container",
@@ -507,10 +507,6 @@ def wants_pdb(spec: api.VLLMServerSpec) -> bool:
     return spec.replicas > 1
 
 
-def shared_cache_claim_name(name: str) -> str:
-    return f"{name}-cache"
-
-
 def build_shared_cache_claim(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
     """cache.shared: one ReadWriteMany claim every replica mounts, so the model is downloaded once. Only its size
     may change later (Kubernetes expands a claim when its storage class allows; it never shrinks one)."""
@@ -668,8 +664,6 @@ def oversized(objects: list[dict[str, Any]]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- routing (docs/routing.md)
-#: The pod label an InferencePool selects its members by (the servers of one pool share it).
-POOL_LABEL = f"{api.GROUP}/inference-pool"
 POOL_API_VERSION = "inference.networking.k8s.io/v1"
 OBJECTIVE_GROUP = "inference.networking.x-k8s.io"
 ROUTE_API_VERSION = "gateway.networking.k8s.io/v1"

@@ -27,6 +27,8 @@ ROLE_LABEL = f"{api.GROUP}/role"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND = "LeaderWorkerSet"
 COORDINATION_PORT_NAME = "coordination"
+#: The pod label an InferencePool selects its members by (the servers of one pool share it).
+POOL_LABEL = f"{api.GROUP}/inference-pool"
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -77,3 +79,7 @@ def quantity(n: int) -> str:
 
 def headless_service_name(name: str) -> str:
     return f"{name}-headless"
+
+
+def shared_cache_claim_name(name: str) -> str:
+    return f"{name}-cache"
