@@ -2,14 +2,14 @@
 
 Each builder returns a plain dict holding only the fields the operator owns (it is
 sent as a server-side apply patch), with the shared labels and owner reference.
+
+The package, along the kinds: ``names`` (ports, mount paths, labels, owner references, metadata), ``pod`` (the pod
+template), ``workloads`` (StatefulSet, DaemonSet, LeaderWorkerSet), ``services`` (the Services, the shared cache
+claim, the PodDisruptionBudget), ``routing`` (InferencePool, endpoint picker, HTTPRoute), ``scalers`` (HPA, KEDA
+ScaledObject), ``all_objects`` (`build_all` and `oversized`). Every name is importable from
+``vllm_operator.builders``.
 """
 
-from __future__ import annotations
-
-import json
-from typing import Any, Optional
-
-from ..planner import Plan
 from .names import (
     CACHE_MOUNT, COORDINATION_PORT_NAME, GPU_PRODUCT_LABEL, GPU_RESOURCE, HF_HOME, HOME, LWS_API_VERSION, LWS_KIND,
     MANAGED_BY, POOL_LABEL, PORT, PORT_NAME, PRESTOP_SECONDS, ROLE_LABEL, SERVER_LABEL, headless_service_name,
@@ -37,6 +37,9 @@ from .scalers import (
     ACTIVATION_ONLY_THRESHOLD, QUEUE_METRIC, SCALE_UP_POLICIES, build_hpa, build_scaled_object,
     scale_to_zero_triggers, scaled_object_query, scaler_quantity, scaling_behavior,
 )
+from .all_objects import (
+    MAX_OBJECT_BYTES, build_all, oversized,
+)
 
 __all__ = [
     "PORT", "PORT_NAME", "CACHE_MOUNT", "HF_HOME", "HOME", "PRESTOP_SECONDS", "GPU_RESOURCE", "GPU_PRODUCT_LABEL",
@@ -56,49 +59,3 @@ __all__ = [
     "build_scaled_object", "ACTIVATION_ONLY_THRESHOLD", "scale_to_zero_triggers", "MAX_OBJECT_BYTES", "oversized",
     "build_all",
 ]
-
-
-#: The largest object the operator applies, as JSON. etcd stores at most 1.5 MiB per object and the API server
-#: refuses a request above 2 MiB with a gRPC error (a 500 it would be retried on forever); a pod template copies
-#: engine.env and extraArgs (and the extra containers and the patch), so a spec within the CRD's bounds can still
-#: build a workload past them.
-MAX_OBJECT_BYTES = 1_400_000
-
-
-def oversized(objects: list[dict[str, Any]]) -> list[str]:
-    """A problem for each object too large for the API server to store, naming what makes it large."""
-    out = []
-    for obj in objects:
-        size = len(json.dumps(obj, separators=(",", ":")))
-        if size > MAX_OBJECT_BYTES:
-            out.append(f"spec: the {obj['kind']} {obj['metadata']['name']} would be {size:,} bytes, more than the "
-                       f"{MAX_OBJECT_BYTES:,} the operator applies (etcd keeps at most 1.5 MiB per object): "
-                       "shorten spec.engine.env, spec.engine.extraArgs, spec.engine.chatTemplate, the extra "
-                       "containers or spec.podTemplatePatch")
-    return out
-
-
-def build_all(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:
-    """Every object one VLLMServer wants, in apply order. The plan must fit."""
-    if not plan.fits:
-        raise ValueError("cannot build objects for a plan with problems: " + "; ".join(map(str, plan.problems)))
-    spec = plan.spec
-    objects: list[dict[str, Any]] = [build_service(plan, owner)]
-    if spec.cache is not None and spec.cache.shared:
-        objects.append(build_shared_cache_claim(plan, owner))  # before the pods that mount it
-    if is_group(spec):
-        objects.append(build_leaderworkerset(plan, owner))  # LWS makes the group's headless Service itself
-    elif spec.workload == "StatefulSet":
-        objects.append(build_headless_service(plan, owner))
-        objects.append(build_statefulset(plan, owner))
-    else:
-        objects.append(build_daemonset(plan, owner))
-    if wants_pdb(spec):
-        objects.append(build_pdb(plan, owner))
-    if spec.autoscaling.enabled and spec.workload == "StatefulSet":
-        if spec.autoscaling.mode == "HPA":
-            objects.append(build_hpa(plan, owner))
-        elif spec.autoscaling.mode == "KEDA":
-            objects.append(build_scaled_object(plan, owner))
-    objects += build_routing(plan, owner)
-    return objects
