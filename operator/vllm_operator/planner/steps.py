@@ -86,7 +86,7 @@ def plan(
 
 def check_inputs(p: Plan, gpu: Optional[GPUSelection], *, model_error: Optional[str], model_error_field: str,
                  default_prometheus_url: Optional[str], allow_unsafe_args: bool, urls: Optional[URLPolicy]) -> None:
-    """1. The spec's rules (validation.py), the GPU selection and what its hardware rules out, the GPU memory to
+    """1. The spec's rules (validation/), the GPU selection and what its hardware rules out, the GPU memory to
     plan with, and the model's facts."""
     spec = p.spec
     p.problems.extend(check_spec(p.name, spec, default_prometheus_url=default_prometheus_url,

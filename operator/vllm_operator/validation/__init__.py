@@ -15,11 +15,11 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from . import api, vllm_flags
-from .api import VLLMServerSpec, parse_quantity
-from .catalog import Architecture
-from .catalog.gpus import GPUSelection
-from .urlpolicy import URLPolicy
+from .. import api, vllm_flags
+from ..api import VLLMServerSpec, parse_quantity
+from ..catalog import Architecture
+from ..catalog.gpus import GPUSelection
+from ..urlpolicy import URLPolicy
 
 #: The values spec.model.quantization may take.
 QUANTIZATION_CHOICES = typing.get_args(api.Quantization)
