@@ -569,7 +569,7 @@ class Reconciler:
         wanted = tuple((a.name, a.source) for a in spec.adapters)
         names = [a.name for a in spec.adapters]
         # Every pod whose vLLM answers, Ready or still held back by the adapters' readiness gate (adapters.GATE).
-        refs = vllm_metrics.ready_pods(pods, condition="ContainersReady")
+        refs = vllm_metrics.ready_pods(pods, conditions=("Ready", "ContainersReady"))
         known = self.adapter_sync.observe(run.namespace, run.name, refs, adapters.incarnations(pods), wanted)
         adapters.set_gates(self.kube, pods, known, names)
         rows = lora.adapter_rows(names, known)
