@@ -217,7 +217,7 @@ def gated(pod: dict[str, Any]) -> bool:
                for g in (pod.get("spec") or {}).get("readinessGates") or [])
 
 
-def pod_condition(pod: dict[str, Any], type_: str) -> Optional[dict[str, Any]]:
+def pod_condition(pod: Mapping[str, Any], type_: str) -> Optional[Mapping[str, Any]]:
     return next((c for c in (pod.get("status") or {}).get("conditions") or []
                  if isinstance(c, Mapping) and c.get("type") == type_), None)
 
