@@ -5,7 +5,7 @@ release notes, queue cap, shutdown, overrides, args)."""
 from __future__ import annotations
 
 import math
-from typing import Optional, cast
+from typing import Any, Optional, cast
 
 from .. import adapters as lora, api, vllm_flags
 from ..api import AUTOSCALING_TOLERANCE, VLLMServerSpec, parse_quantity
@@ -13,7 +13,7 @@ from ..catalog import Architecture, ResolvedModel
 from ..catalog.gpus import GPUSelection, select_gpu
 from ..urlpolicy import URLPolicy
 from ..validation import (OWNED_FLAGS, UNSAFE_FLAGS, Problem, check_spec, flag_check, hardware_problems,
-                          image_vllm_version, quantization_problems)
+                          image_vllm_version, max_nodes_problems, quantization_problems)
 from .assumptions import GiB, assumption, profile_terms
 from .memory import (
     _round_down, activation_bytes, dtype_bytes, gib, is_pooling, kv_bytes_per_token, kv_layout, loads_as_stored,
@@ -39,6 +39,68 @@ def plan(
     spec: VLLMServerSpec,
     model: Optional[ResolvedModel],
     gpu: Optional[GPUSelection] = None,
+    **options: Any,
+) -> Plan:
+    """Derive the vLLM args and estimates for one server. Pure; never raises on bad input.
+
+    `gpu`: spec.gpu resolved by gpus.select_gpu (resolved here when not given). `options`: plan_layout's.
+    With spec.maxNodes the node count is the planner's to choose (choose_nodes); otherwise spec.nodes is the
+    layout."""
+    if spec.max_nodes is None or max_nodes_problems(spec):  # the latter: check_spec reports them
+        return plan_layout(name, namespace, spec, model, gpu, **options)
+    return choose_nodes(name, namespace, spec, model, gpu, **options)
+
+
+def layout_refused(p: Plan) -> bool:
+    """The plan fails for its layout: the model does not fit (DoesNotFit) or the node count cannot split it
+    (spec.nodes: more stages than layers, tensor parallelism across nodes that does not divide the heads)."""
+    return any(pr.reason == api.REASON_DOES_NOT_FIT or pr.field == "spec.nodes" for pr in p.problems)
+
+
+def _first_refusal(p: Plan) -> str:
+    """The first layout refusal of `p`, without its list of what would fit (the layout chosen is the answer)."""
+    problem = next(pr for pr in p.problems if pr.reason == api.REASON_DOES_NOT_FIT or pr.field == "spec.nodes")
+    return f"{problem.field}: {problem.message.split('; what would fit:')[0]}"
+
+
+def choose_nodes(name: str, namespace: str, spec: VLLMServerSpec, model: Optional[ResolvedModel],
+                 gpu: Optional[GPUSelection], **options: Any) -> Plan:
+    """spec.maxNodes: the fewest nodes, 1 to maxNodes (and at most the model's layers), whose layout fits. The plan
+    of that layout is returned with spec.nodes set to it (what the builders and the reconciler read), the bound in
+    `max_nodes` and the choice and its reason as the first note. When none fits, the largest layout's plan, its
+    refusal led by one on spec.maxNodes."""
+    limit = spec.max_nodes or 1
+    if model is not None:
+        limit = min(limit, model.complete.num_layers)
+    gpu = gpu if gpu is not None else select_gpu(spec.gpu)
+    fewer: Optional[Plan] = None
+    for n in range(1, limit + 1):
+        trial = plan_layout(name, namespace, spec.model_copy(update={"nodes": n, "max_nodes": None}), model, gpu,
+                            max_nodes=spec.max_nodes, **options)
+        if not layout_refused(trial) or model is None or trial.gpu_memory is None:
+            break  # fits, or refused for something more nodes do not change
+        fewer = trial
+    else:
+        trial.problems.insert(0, Problem(
+            "spec.maxNodes", f"no layout of 1 to {limit} node(s) of {spec.gpu.count} GPU(s) fits: the largest "
+            f"maxNodes allows, {limit} node(s), is refused as below ({_first_refusal(trial)})",
+            api.REASON_DOES_NOT_FIT))
+        return trial
+    what = (f"{trial.nodes} nodes x {spec.gpu.count} GPU(s), one LeaderWorkerSet group per replica" if trial.nodes > 1
+            else f"1 node x {spec.gpu.count} GPU(s), a StatefulSet pod per replica")
+    why = ("the fewest that fit" if fewer is None else
+           f"the fewest that fit; {fewer.nodes} node(s): {_first_refusal(fewer)}")
+    trial.layout = f"layout: {what}, chosen by maxNodes {spec.max_nodes}: {why}"
+    trial.notes.insert(0, trial.layout)
+    return trial
+
+
+def plan_layout(
+    name: str,
+    namespace: str,
+    spec: VLLMServerSpec,
+    model: Optional[ResolvedModel],
+    gpu: Optional[GPUSelection] = None,
     *,
     model_error: Optional[str] = None,
     model_error_field: str = "spec.model.architecture",
@@ -46,18 +108,19 @@ def plan(
     allow_unsafe_args: bool = False,
     urls: Optional[URLPolicy] = None,
     adapter_facts: Optional[dict[str, lora.AdapterFacts]] = None,
+    max_nodes: Optional[int] = None,
 ) -> Plan:
-    """Derive the vLLM args and estimates for one server. Pure; never raises on bad input.
+    """The plan of one layout (spec.nodes nodes). Pure; never raises on bad input.
 
-    `gpu`: spec.gpu resolved by gpus.select_gpu (resolved here when not given).
     `allow_unsafe_args`: the VLLMServer carries api.ALLOW_UNSAFE_ARGS_ANNOTATION, so extraArgs may set
     --host/--port (the container port then follows --port). `urls`: the operator's URL settings (None: the
     offline CLI, which fetches nothing for anyone else). `adapter_facts`: each spec.adapters entry's
-    adapter_config.json as the pipeline read it (by adapter name; a missing one was not read).
+    adapter_config.json as the pipeline read it (by adapter name; a missing one was not read). `max_nodes`: the
+    user's spec.maxNodes when choose_nodes tries this layout (its hints then name maxNodes).
 
     The named steps below run in order (numbered in their docstrings); each records its flags (`decisions`),
     notes and problems on the plan, and sizing stops at the first step that finds the server cannot run."""
-    p = Plan(name=name, namespace=namespace, spec=spec, model=model,
+    p = Plan(name=name, namespace=namespace, spec=spec, model=model, max_nodes=max_nodes,
              prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url, flags=flag_check(spec))
     check_inputs(p, gpu, model_error=model_error, model_error_field=model_error_field,
                  default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args, urls=urls)
@@ -357,7 +420,8 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
                  "engine.maxLoraRank take less)") if s.lora else ""
         suggestions = _fit_suggestions(p, s, activation, longest, limits)
         if spread is not None:
-            suggestions.insert(0, f"more nodes (nodes: {spread}: pipeline stages over {spread} nodes of "
+            suggestions.insert(0, f"more nodes ({'maxNodes' if p.max_nodes else 'nodes'}: {spread}: pipeline "
+                                  f"stages over {spread} nodes of "
                                   f"{p.spec.gpu.count} GPU(s): docs/multi-node.md)")
         p.problem("spec.gpu", f"the model does not fit{group}: weights {gib(weights)} + activations "
                   f"{gib(activation)} + overheads {gib(non_torch + graphs)}{slots} per GPU exceed the {gib(budget)} "
