@@ -294,3 +294,9 @@ def test_the_operators_autoscaler_finds_the_chosen_layouts_workload():
     assert planned_nodes({"status": {"plan": {"estimates": {"nodes": 2}}}}, spec) == 2
     assert planned_nodes({}, spec) == 1, "no plan written yet: not a group"
     assert planned_nodes({}, spec.model_copy(update={"max_nodes": None, "nodes": 3})) == 3
+
+
+def test_max_nodes_chooses_nothing_for_a_model_it_cannot_size():
+    plan = chosen("acme/unknown-7b", 1, "L4", 4)
+    assert plan.problem_kinds() == [api.REASON_MODEL_UNKNOWN] and not plan.layout
+    assert not any(n.startswith("layout:") for n in plan.notes)

@@ -77,8 +77,10 @@ def choose_nodes(name: str, namespace: str, spec: VLLMServerSpec, model: Optiona
     for n in range(1, limit + 1):
         trial = plan_layout(name, namespace, spec.model_copy(update={"nodes": n, "max_nodes": None}), model, gpu,
                             max_nodes=spec.max_nodes, **options)
-        if not layout_refused(trial) or model is None or trial.gpu_memory is None:
-            break  # fits, or refused for something more nodes do not change
+        if model is None or trial.gpu_memory is None:
+            return trial  # nothing to size a layout with (an unknown model or GPU): its problems say why
+        if not layout_refused(trial):
+            break
         fewer = trial
     else:
         trial.problems.insert(0, Problem(
