@@ -361,3 +361,24 @@ def test_an_unschedulable_worker_is_named(control_plane, kube, k8s, crd_installe
         degraded = cond(get_server(kube, namespace, name), "Degraded")
         assert degraded["status"] == "True" and degraded["reason"] == "Unschedulable"
         assert f"pod {worker} cannot be scheduled: {said}" in degraded["message"]
+
+
+def test_max_nodes_reconciles_into_the_group_the_planner_chose(
+        control_plane, kube, crd_installed, lws_controller, namespace):
+    """maxNodes on the real API server: the reconciler applies the layout the planner chose (70B on nodes of
+    2 x L40S: two), the real LWS controller accepts it, and status says the count and why."""
+    name = "chosen"
+    doc = server_doc(name, namespace, maxNodes=4)
+    doc["spec"].pop("nodes")
+    apply(control_plane, doc)
+    Reconciler(kube).reconcile(namespace, name)
+    lws = kube.get(LWS, "LeaderWorkerSet", namespace, name)
+    assert lws is not None and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    server = get_server(kube, namespace, name)
+    assert cond(server, "SpecValid")["status"] == "True"
+    assert server["status"]["plan"]["estimates"]["nodes"] == 2
+    [layout] = [n for n in server["status"]["plan"]["notes"] if n.startswith("layout: ")]
+    assert layout.startswith("layout: 2 nodes x 2 GPU(s), one LeaderWorkerSet group per replica, chosen by "
+                             "maxNodes 4: the fewest that fit; 1 node(s): spec.gpu: the model does not fit")
+    assert wait_for(lambda: kube.get("apps/v1", "StatefulSet", namespace, name), 60,
+                    "the LWS controller's leader StatefulSet")["spec"]["replicas"] == 1

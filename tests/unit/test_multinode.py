@@ -300,3 +300,13 @@ def test_max_nodes_chooses_nothing_for_a_model_it_cannot_size():
     plan = chosen("acme/unknown-7b", 1, "L4", 4)
     assert plan.problem_kinds() == [api.REASON_MODEL_UNKNOWN] and not plan.layout
     assert not any(n.startswith("layout:") for n in plan.notes)
+
+
+def test_without_leaderworkerset_the_message_names_the_chosen_layout():
+    from vllm_operator.controller.reconcile import lws_missing_message
+
+    plan = chosen(L70, 2, "L40S", 4)
+    said = lws_missing_message(plan.spec, plan.max_nodes)
+    assert said.startswith("spec.maxNodes 4 chose 2 nodes (the fewest that fit): that runs each replica as a group "
+                           "of 2 pods on a LeaderWorkerSet") and "set nodes: 1" not in said
+    assert "or set nodes: 1" in lws_missing_message(plan_of(L70, 2, "L40S", nodes=2).spec)
