@@ -42,6 +42,7 @@ def _table(control_plane, namespace: str, *flags: str) -> dict[str, dict[str, st
     ("ModelUnknown", {"model": {"name": "acme/not-in-the-catalog"}}),
     ("GPUUnknown", {"gpu": {"count": 1, "product": "H100x"}}),
     ("InvalidSpec", {"gpu": {"count": 3, "product": "NVIDIA-L4"}}),  # 32 attention heads over 3 GPUs
+    ("InvalidSpec", {"engine": {"extraArgs": ["--no-such-flag"]}}),  # README: a flag the image's vLLM lacks
 ])
 def test_kubectl_get_names_the_cause_of_an_invalid_spec(control_plane, crd_installed, namespace, kube, reason, spec):
     _create(control_plane, namespace, "srv", **spec)
