@@ -87,3 +87,18 @@ def test_the_troubleshooting_docs_reasons_are_the_operators():
     failures = (ROOT / "docs" / "failures.md").read_text()
     undocumented = {r for r in named - {"NoReplicasReady"} if f"`{r}`" not in failures}
     assert not undocumented, f"docs/failures.md has no row for {undocumented}"
+
+
+def test_the_install_docs_run_commands_parse_as_written():
+    """docs/install.md "Running the operator outside the cluster": each `vllm-operator run` line (continuations
+    joined, comments dropped) is what the run command accepts, and -n twice watches both namespaces."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    lines = " \n".join(_block_after(text, "## Running the operator outside the cluster")).replace("\\ \n", " ")
+    runs = [shlex.split(line.partition("#")[0]) for line in lines.split(" \n") if line.startswith("vllm-operator run")]
+    assert len(runs) == 3, runs
+    parser = cli.build_parser()
+    parsed = [parser.parse_args(argv[1:]) for argv in runs]
+    assert parsed[1].namespace == ["team-a", "team-b"]
+    assert (parsed[2].log_format, parsed[2].resync_seconds, parsed[2].hf_endpoint) == (
+        "json", 60, "https://hf-mirror.corp.example")
+    assert parser.parse_args(["run", "--offline"]).offline
