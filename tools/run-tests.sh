@@ -69,6 +69,9 @@ bash tools/actionlint-build.sh >/tmp/vllm-operator-actionlint-build.log 2>&1 \
 step "the LeaderWorkerSet controller (sigs.k8s.io/lws) and its CRD from its Go module (cached)"
 bash tools/lws-build.sh >/tmp/vllm-operator-lws-build.log 2>&1 || { tail -50 /tmp/vllm-operator-lws-build.log; exit 1; }
 
+step "KEDA's ScaledObject CRD from its Go module (cached; no KEDA runs: its schema admits the operator's ScaledObjects)"
+bash tools/keda-crd.sh >/tmp/vllm-operator-keda-crd.log 2>&1 || { tail -50 /tmp/vllm-operator-keda-crd.log; exit 1; }
+
 step "Argo CD's health-check runtime: argocd-health from Argo CD's Go module (cached)"
 bash tools/argocd-build.sh >/tmp/vllm-operator-argocd-build.log 2>&1 || { tail -50 /tmp/vllm-operator-argocd-build.log; exit 1; }
 

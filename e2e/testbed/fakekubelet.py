@@ -4,8 +4,9 @@
 polls pods every ``interval`` seconds and:
 
 * binds unscheduled pods to its node through the Binding API (pods whose
-  ``nodeSelector`` does not match the node's labels stay Pending, marked
-  ``PodScheduled=False/Unschedulable``, as a scheduler would leave them);
+  ``nodeSelector`` does not match the node's labels, or for which ``unschedulable(pod)`` returns the
+  scheduler's message, stay Pending, marked ``PodScheduled=False/Unschedulable``, as a scheduler would
+  leave them);
 * "starts" pods bound to its node: gives each a unique IP from a 127.0.0.0/8
   pool, calls ``on_pod_start(pod, ip)`` (a test may start a real process on that
   IP; a bool return decides readiness), then patches the pod status to Running
@@ -172,6 +173,7 @@ class FakeKubelet:
         delete_node_on_stop: bool = True,
         faults: Optional[Callable[[client.V1Pod], Optional[Fault]]] = None,
         graceful: bool = False,
+        unschedulable: Optional[Callable[[client.V1Pod], Optional[str]]] = None,
     ):
         self.core = client.CoreV1Api(api_client)
         self.namespace = namespace
@@ -182,6 +184,9 @@ class FakeKubelet:
         self.on_pod_start = on_pod_start
         self.on_pod_stop = on_pod_stop
         self.faults = faults
+        #: The scheduler's message for a pod it cannot place for a reason beyond the node selector (its requests
+        #: do not fit what is left on the node, say), or None: such a pod stays Pending, PodScheduled=False.
+        self.unschedulable = unschedulable
         self._faulted: set[str] = set()  # uids reported failing: left as reported
         self.auto_ready = auto_ready
         #: Terminate pods as a kubelet does (preStop, SIGTERM, SIGKILL after the grace period); may be changed
@@ -388,11 +393,12 @@ class FakeKubelet:
                 if pod.metadata.deletion_timestamp is not None:
                     self._terminate(pod)
                 elif not node:
-                    if self._schedulable(pod):
+                    refused = self.unschedulable(pod) if self.unschedulable is not None else None
+                    if refused is None and self._schedulable(pod):
                         self._bind(pod)
                         self._run_pod(pod)
                     else:
-                        self._mark_unschedulable(pod)
+                        self._mark_unschedulable(pod, refused)
                 elif pod.status.phase in ("Succeeded", "Failed"):
                     continue
                 else:
@@ -411,7 +417,7 @@ class FakeKubelet:
         sel = pod.spec.node_selector or {}
         return all(self.node_labels.get(k) == v for k, v in sel.items())
 
-    def _mark_unschedulable(self, pod: client.V1Pod) -> None:
+    def _mark_unschedulable(self, pod: client.V1Pod, message: Optional[str] = None) -> None:
         if pod.metadata.uid in self._unschedulable_marked:
             return
         self.core.patch_namespaced_pod_status(
@@ -424,7 +430,8 @@ class FakeKubelet:
                             "type": "PodScheduled",
                             "status": "False",
                             "reason": "Unschedulable",
-                            "message": f"0/1 nodes are available: node {self.node_name} didn't match Pod's node affinity/selector.",
+                            "message": message or f"0/1 nodes are available: node {self.node_name} didn't match "
+                                                  "Pod's node affinity/selector.",
                             "lastTransitionTime": _now(),
                         }
                     ]

@@ -271,6 +271,8 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for path, p in plans:
         if p.flags is not None and (warning := p.flags.warning()):  # rendered all the same: a warning, no refusal
             err.write(f"{path}: {p.name}: warning: {warning}\n")
+        if p.layout:  # maxNodes: which layout the objects below are, and why (stderr: the YAML stays whole)
+            err.write(f"{path}: {p.name}: {p.layout}\n")
         built = builders.build_all(p) if p.fits else []
         too_large = builders.oversized(built)
         if p.fits and not too_large:

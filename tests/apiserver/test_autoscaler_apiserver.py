@@ -285,3 +285,45 @@ def test_keda_mode_without_keda_says_so_and_applies_it_once_keda_is_there(contro
         assert not cond(server, "ExternalScaler")
     finally:
         control_plane.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=true", "--timeout=60s", check=False)
+
+
+def keda_crd() -> Path:
+    from e2e.testbed.controlplane import cache_dir
+
+    path = cache_dir() / "keda-2.21.0" / "crd" / "keda.sh_scaledobjects.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run tools/keda-crd.sh (tools/run-tests.sh does)")
+    return path
+
+
+def test_kedas_own_schema_admits_the_scaled_objects_of_a_server_and_of_a_group(control_plane, kube, namespace):
+    """The ScaledObjects the operator renders (a StatefulSet's; a group's, whose scaleTargetRef is the
+    LeaderWorkerSet) against KEDA's real CRD (v2.21.0, from its Go module): strict field validation, so a field
+    KEDA's schema lacks or a wrong type is refused. KEDA itself does not run here: what it does with them is not
+    shown."""
+    from vllm_operator import api, builders, pipeline
+
+    control_plane.kubectl("apply", "--server-side", "-f", str(keda_crd()))
+    try:
+        wait_established(control_plane, "scaledobjects.keda.sh")
+        group = yaml.safe_load((ROOT / "examples" / "llama-70b-two-nodes.yaml").read_text())["spec"]
+        single = yaml.safe_load((ROOT / "examples" / "llama-3b-autoscaled.yaml").read_text())["spec"]
+        for spec, target in ((single, "StatefulSet"), (group, "LeaderWorkerSet")):
+            spec["autoscaling"] = {"enabled": True, "mode": "KEDA", "minReplicas": 0, "maxReplicas": 3,
+                                   "prometheusURL": "http://prometheus.monitoring:9090"}
+            plan = pipeline.plan_server("keda-" + target.lower(), namespace, api.VLLMServerSpec.model_validate(spec))
+            [so] = [o for o in builders.build_all(plan) if o["kind"] == "ScaledObject"]
+            assert so["spec"]["scaleTargetRef"]["kind"] == target
+            p = control_plane.kubectl("apply", "-n", namespace, "--server-side", "--field-manager=test",
+                                      "--validate=strict", "-f", "-", input=json.dumps(so), check=False)
+            assert p.returncode == 0, f"{target}: {p.stderr}"
+            live = kube.get("keda.sh/v1alpha1", "ScaledObject", namespace, so["metadata"]["name"])
+            assert live["spec"]["scaleTargetRef"] == so["spec"]["scaleTargetRef"]
+            assert live["spec"]["triggers"] == so["spec"]["triggers"], "nothing pruned as unknown"
+        # The schema does refuse what it lacks: the check above can fail.
+        so["spec"]["scaleTargetRef"]["replicas"] = 2
+        p = control_plane.kubectl("apply", "-n", namespace, "--server-side", "--field-manager=test",
+                                  "--validate=strict", "-f", "-", input=json.dumps(so), check=False)
+        assert p.returncode != 0 and "replicas" in p.stderr, p.stderr
+    finally:
+        control_plane.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=true", "--timeout=60s", check=False)

@@ -219,3 +219,166 @@ def test_the_operators_autoscaler_scales_groups_on_the_leaders_queues(
         reconciler.reconcile(namespace, name)  # the reconciler leaves the autoscaler's count alone
         assert kube.get(LWS, "LeaderWorkerSet", namespace, name)["spec"]["replicas"] == 3
         ready_groups(reconciler, kube, namespace, name, 3, "three ready groups")
+
+
+def test_an_hpa_scales_groups_through_the_leaderworkersets_scale_subresource(
+        control_plane, kube, crd_installed, lws_controller, namespace):
+    """HPA mode: the rendered HorizontalPodAutoscaler targets the LeaderWorkerSet, and the real HPA controller
+    (the test bed's kube-controller-manager) reads and writes the group count through LWS's /scale. The test bed
+    serves no custom metrics API (no prometheus-adapter), so the controller is seen acting on its bounds, which
+    it enforces before any metric: a LeaderWorkerSet scaled above maxReplicas is brought back to it."""
+    name = "hpa"
+    auto = {"enabled": True, "mode": "HPA", "minReplicas": 1, "maxReplicas": 2, "targetWaitingPerReplica": 2}
+    apply(control_plane, server_doc(name, namespace, autoscaling=auto))
+    reconciler = Reconciler(kube)
+    reconciler.reconcile(namespace, name)
+    reconciler.reconcile(namespace, name)
+    hpa = kube.get("autoscaling/v2", "HorizontalPodAutoscaler", namespace, name)
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": LWS, "kind": "LeaderWorkerSet", "name": name}
+    scale_path = f"/apis/{LWS}/namespaces/{namespace}/leaderworkersets/{name}/scale"
+
+    # Someone scales the groups past the HPA's bound (kubectl scale does this write): the HPA controller takes
+    # the count back through the same subresource.
+    kube.request("PATCH", scale_path, query=[("fieldManager", "someone")], body={"spec": {"replicas": 4}},
+                 content_type="application/merge-patch+json")
+    assert kube.get(LWS, "LeaderWorkerSet", namespace, name)["spec"]["replicas"] == 4
+
+    def rescaled():
+        events = [e for e in kube.list("v1", "Event", namespace)
+                  if e["involvedObject"].get("kind") == "HorizontalPodAutoscaler"
+                  and e["involvedObject"].get("name") == name and e["reason"] == "SuccessfulRescale"]
+        live = kube.get(LWS, "LeaderWorkerSet", namespace, name)
+        return events if events and live["spec"]["replicas"] == 2 else None
+    [event] = wait_for(rescaled, 120, "the HPA controller scaling the LeaderWorkerSet to maxReplicas", interval=1.0)
+    assert event["message"] == "New size: 2; reason: Current number of replicas above Spec.MaxReplicas"
+    hpa = kube.get("autoscaling/v2", "HorizontalPodAutoscaler", namespace, name)
+    able = next(c for c in hpa["status"]["conditions"] if c["type"] == "AbleToScale")
+    assert able["status"] == "True", able
+    # The scale subresource the controller read selects the leaders (the HPA's Pods metric is read on them).
+    assert "leaderworkerset.sigs.k8s.io/worker-index=0" in kube.request("GET", scale_path)["status"]["selector"]
+    reconciler.reconcile(namespace, name)  # the reconciler leaves the HPA's count alone
+    assert kube.get(LWS, "LeaderWorkerSet", namespace, name)["spec"]["replicas"] == 2
+
+
+def _termination(kubelet: FakeKubelet, pod: str):
+    return next((t for t in list(kubelet.terminations.values()) if t.name == pod and t.done), None)
+
+
+def test_every_member_of_a_group_gets_its_grace_period_on_scale_down_and_rollout(
+        control_plane, kube, k8s, crd_installed, lws_controller, namespace):
+    """Drain of a group: the pods the real LWS controller makes carry the plan's terminationGracePeriodSeconds on
+    leader and worker; a scale-down deletes the last group's pods with that grace (a kubelet that terminates as
+    a kubelet does: preStop sleep, SIGTERM, the rest of the grace), the worker only once its leader has
+    finished (a group's engine keeps its ranks through the leader's drain), and the group nobody changed keeps
+    its pods; a rollout replaces a group the same way."""
+    from vllm_operator import api, pipeline
+
+    name = "drain"
+    doc = server_doc(name, namespace, replicas=2)
+    plan = pipeline.plan_server(name, namespace, api.VLLMServerSpec.model_validate(doc["spec"]))
+    grace, prestop = plan.termination_grace_seconds, plan.prestop_seconds
+    assert grace == prestop + plan.drain_seconds + 10 and prestop > 0
+    apply(control_plane, doc)
+    reconciler = Reconciler(kube)
+    reconciler.reconcile(namespace, name)
+    with FakeKubelet(k8s, namespace=namespace, node_name=f"n-{namespace}"[:60], gpu_product="NVIDIA-L40S",
+                     gpus=16, graceful=True) as kubelet:
+        ready_groups(reconciler, kube, namespace, name, 2, "two ready groups")
+        live = pods(kube, namespace)
+        assert set(live) == {f"{name}-0", f"{name}-0-1", f"{name}-1", f"{name}-1-1"}
+        for pod in live.values():
+            assert pod["spec"]["terminationGracePeriodSeconds"] == grace, pod["metadata"]["name"]
+        kept = {n: p["metadata"]["uid"] for n, p in live.items() if n.startswith(f"{name}-0")}
+
+        apply(control_plane, server_doc(name, namespace, replicas=1))
+        reconciler.reconcile(namespace, name)
+        leader, worker = (wait_for(lambda n=n: _termination(kubelet, n), 120 + 2 * grace, f"{n} terminated")
+                          for n in (f"{name}-1", f"{name}-1-1"))
+        for t in (leader, worker):
+            assert t.graceful and t.grace_seconds == grace, t
+            assert t.prestop_seconds == prestop, t
+            assert t.stop_grace is not None and t.stop_grace >= grace - prestop - 2, t  # SIGTERM: drain + margin
+            assert not t.errors, t.errors
+        assert worker.stop_at is not None and leader.stopped_at is not None
+        assert worker.stop_at >= leader.stopped_at, "the worker got SIGTERM while its leader was still draining"
+        ready_groups(reconciler, kube, namespace, name, 1, "one group left")
+        assert {n: p["metadata"]["uid"] for n, p in pods(kube, namespace).items()} == kept, \
+            "the group nobody changed keeps its pods"
+
+        # A rollout (a changed pod template) replaces the group with the same grace on each member.
+        changed = server_doc(name, namespace, replicas=1)
+        changed["spec"]["engine"] = {"env": [{"name": "NCCL_DEBUG", "value": "WARN"}]}
+        apply(control_plane, changed)
+        reconciler.reconcile(namespace, name)
+        rolled = [wait_for(lambda u=u: next((t for t in list(kubelet.terminations.values())
+                                             if t.uid == u and t.done), None), 120 + 2 * grace, f"{n} replaced")
+                  for n, u in kept.items()]
+        for t in rolled:
+            assert t.graceful and t.grace_seconds == grace and t.prestop_seconds == prestop, t
+        by_name = {t.name: t for t in rolled}
+        assert by_name[f"{name}-0-1"].stop_at >= by_name[f"{name}-0"].stopped_at, \
+            "the worker got SIGTERM while its leader was still draining"
+        server = ready_groups(reconciler, kube, namespace, name, 1, "the rolled group ready")
+        assert set(pods(kube, namespace)) == {f"{name}-0", f"{name}-0-1"}
+        assert cond(server, "Ready")["status"] == "True"
+
+
+def test_an_unschedulable_worker_is_named(control_plane, kube, k8s, crd_installed, lws_controller, namespace):
+    """A worker the scheduler cannot place (its node has no GPUs left) keeps the group from starting: Ready names
+    that pod and the scheduler's words while a node may still come, and Degraded does once the wait is over."""
+    import datetime as dt
+
+    from vllm_operator.controller import failures
+
+    name = "pending"
+    apply(control_plane, server_doc(name, namespace))
+    reconciler = Reconciler(kube)
+    reconciler.reconcile(namespace, name)
+    said = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    worker = f"{name}-0-1"
+    # The leader runs but is not Ready: vLLM's API server answers /health only once every worker has joined.
+    # (LWS v0.8.0 counts a group ready when its leader is Ready and its workers' pods exist, Pending or not.)
+    with FakeKubelet(k8s, namespace=namespace, node_name=f"n-{namespace}"[:60], gpu_product="NVIDIA-L40S",
+                     unschedulable=lambda pod: said if pod.metadata.name == worker else None,
+                     on_pod_start=lambda pod, ip: False):
+        seen: list[dict] = []
+
+        def named():
+            reconciler.reconcile(namespace, name)
+            seen[:] = [cond(get_server(kube, namespace, name), "Ready"), pods(kube, namespace).get(worker, {})]
+            return seen[0] if f"pod {worker} cannot be scheduled" in seen[0].get("message", "") else None
+        try:
+            ready = wait_for(named, 120, "the unschedulable worker named in Ready", interval=1.0)
+        except TimeoutError:
+            raise AssertionError(f"Ready: {seen[0]}; the worker's status: {(seen[1] or {}).get('status')}")
+        assert ready["status"] == "False" and ready["reason"] == "Unschedulable"
+        assert said in ready["message"] and ready["message"].startswith("0/1 groups ready")
+        assert cond(get_server(kube, namespace, name), "Degraded")["status"] == "False", "a node may still come"
+
+        later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=failures.UNSCHEDULABLE_GRACE_SECONDS + 60)
+        waited = Reconciler(kube, clock=lambda: later.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        waited.reconcile(namespace, name)
+        degraded = cond(get_server(kube, namespace, name), "Degraded")
+        assert degraded["status"] == "True" and degraded["reason"] == "Unschedulable"
+        assert f"pod {worker} cannot be scheduled: {said}" in degraded["message"]
+
+
+def test_max_nodes_reconciles_into_the_group_the_planner_chose(
+        control_plane, kube, crd_installed, lws_controller, namespace):
+    """maxNodes on the real API server: the reconciler applies the layout the planner chose (70B on nodes of
+    2 x L40S: two), the real LWS controller accepts it, and status says the count and why."""
+    name = "chosen"
+    doc = server_doc(name, namespace, maxNodes=4)
+    doc["spec"].pop("nodes")
+    apply(control_plane, doc)
+    Reconciler(kube).reconcile(namespace, name)
+    lws = kube.get(LWS, "LeaderWorkerSet", namespace, name)
+    assert lws is not None and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    server = get_server(kube, namespace, name)
+    assert cond(server, "SpecValid")["status"] == "True"
+    assert server["status"]["plan"]["estimates"]["nodes"] == 2
+    [layout] = [n for n in server["status"]["plan"]["notes"] if n.startswith("layout: ")]
+    assert layout.startswith("layout: 2 nodes x 2 GPU(s), one LeaderWorkerSet group per replica, chosen by "
+                             "maxNodes 4: the fewest that fit; 1 node(s): spec.gpu: the model does not fit")
+    assert wait_for(lambda: kube.get("apps/v1", "StatefulSet", namespace, name), 60,
+                    "the LWS controller's leader StatefulSet")["spec"]["replicas"] == 1

@@ -67,6 +67,11 @@ FIRST_HOUR: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
         {"product": "NVIDIA-A100-SXM4-80GB", "migProfile": "3g.40gb", "resourceName": "nvidia.com/gpu.shared"})),
     ("minReplicas 0", _set("autoscaling", {"enabled": True, "minReplicas": 0, "maxReplicas": 2})),
     ("GPUs in resources.requests", _set("resources", {"requests": {"nvidia.com/gpu": "1"}})),
+    # maxNodes where the planner keeps one node (a cluster without LeaderWorkerSet serves it), and where even its
+    # largest layout cannot hold the model (refused before the cluster's kinds matter)
+    ("maxNodes on a model one node holds", lambda doc: doc["spec"].update(maxNodes=4, cache={"claimName": "m"})),
+    ("maxNodes too few for the model", lambda doc: doc["spec"].update(
+        maxNodes=2, cache={"claimName": "m"}, model={"name": "meta-llama/Llama-3.1-405B-Instruct"})),
 ]
 
 

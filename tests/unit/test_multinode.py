@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 import pytest
+import yaml
 
 from vllm_operator import api, builders, cli, pipeline, validation
 from vllm_operator.controller.reconcile import pod_templates, workload_progress
@@ -194,3 +195,118 @@ def test_progress_counts_groups():
     assert workload_progress(lws) == {"desired": 2, "ready": 1, "updated": 2, "settled": False}
     lws["status"]["readyReplicas"] = 2
     assert workload_progress(lws)["settled"]
+
+
+# --------------------------------------------------------------------------- maxNodes: the planner chooses
+L8 = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def chosen(model: str, count: int, product: str, max_nodes: int, **spec: Any) -> Plan:
+    return plan_of(model, count, product, maxNodes=max_nodes, **spec)
+
+
+def test_max_nodes_chooses_two_nodes_of_8_h100_for_405b_and_says_why():
+    plan = chosen(L405, 8, "H100", 4, workloadProfile={"maxContextTokens": 32768})
+    assert plan.fits, plan.problems
+    fixed = plan_of(L405, 8, "H100", nodes=2, workloadProfile={"maxContextTokens": 32768})
+    assert (plan.nodes, plan.spec.nodes, plan.max_nodes) == (2, 2, 4)
+    assert plan.args == fixed.args, "the chosen layout is planned exactly as nodes: 2 is"
+    assert plan.layout.startswith("layout: 2 nodes x 8 GPU(s), one LeaderWorkerSet group per replica, chosen by "
+                                  "maxNodes 4: the fewest that fit; 1 node(s): spec.gpu: the model does not fit")
+    assert "what would fit" not in plan.layout
+    assert plan.notes[0] == plan.layout and plan.status()["notes"][-len(plan.notes)] == plan.layout
+    assert plan.estimates()["nodes"] == 2
+    [lws] = [o for o in builders.build_all(plan) if o["kind"] == "LeaderWorkerSet"]
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+
+
+def test_max_nodes_chooses_two_nodes_of_2_l40s_for_70b():
+    plan = chosen(L70, 2, "L40S", 8)
+    assert plan.fits and plan.nodes == 2 and arg(plan, "--pipeline-parallel-size") == "2"
+
+
+def test_max_nodes_keeps_a_model_that_fits_one_node_on_one_node():
+    plan = chosen(L8, 1, "L4", 4)
+    assert plan.fits, plan.problems
+    assert plan.nodes == 1 and "--nnodes" not in plan.args
+    assert plan.layout == ("layout: 1 node x 1 GPU(s), a StatefulSet pod per replica, chosen by maxNodes 4: the "
+                           "fewest that fit")
+    assert plan.estimates()["nodes"] == 1, "status says the layout even when it is one node"
+    assert {o["kind"] for o in builders.build_all(plan)} >= {"StatefulSet", "Service"}
+    assert "LeaderWorkerSet" not in {o["kind"] for o in builders.build_all(plan)}
+
+
+def test_max_nodes_is_refused_with_the_reason_when_its_largest_layout_cannot_fit():
+    plan = chosen(L405, 8, "L40S", 2)  # 756 GiB of weights on 2 x 8 x 44.5 GiB: three nodes would do
+    assert not plan.fits and plan.nodes == 2
+    first = plan.problems[0]
+    assert (first.field, first.reason) == ("spec.maxNodes", api.REASON_DOES_NOT_FIT)
+    assert first.message.startswith("no layout of 1 to 2 node(s) of 8 GPU(s) fits: the largest maxNodes allows, "
+                                    "2 node(s), is refused as below (spec.gpu: the model does not fit (2 nodes")
+    gpu = next(p for p in plan.problems if p.field == "spec.gpu")
+    assert "more nodes (maxNodes: 3:" in gpu.message, "the hint names the field the user sets"
+    assert not plan.layout and plan.problem_kinds() == [api.REASON_DOES_NOT_FIT]
+
+
+def test_max_nodes_stops_at_the_models_layers_and_skips_layouts_that_cannot_split_it():
+    small = chosen("meta-llama/Llama-3.2-1B-Instruct", 1, "L4", 64)
+    assert small.fits and small.nodes == 1
+    # Tensor parallelism across nodes of 2 GPUs: 405B fits none of 1, 2 or 4 nodes (TP 2, 4, 8), and TP 6, 10, 12
+    # and 14 split none of its 128 heads; those counts are passed over, never a refusal of the planner's own choice.
+    odd = chosen(L405, 2, "H100", 8, crossNodeParallelism="Tensor")
+    assert odd.fits and odd.nodes == 8 and odd.tensor_parallel_size == 16, odd.problems
+    assert "7 node(s): spec.nodes: tensor parallelism over 14 GPUs must divide" in odd.layout
+
+
+@pytest.mark.parametrize("spec, field, words", [
+    ({"nodes": 2}, "spec.maxNodes", "exclude each other"),
+    ({"workload": "DaemonSet"}, "spec.maxNodes", "LeaderWorkerSet of groups"),
+    ({"gpu": {"count": 1, "migProfile": "3g.40gb"}}, "spec.maxNodes", "MIG slices"),
+    ({"cache": {"size": "100Gi"}}, "spec.cache.size", "no claim per pod"),
+])
+def test_what_max_nodes_cannot_be_combined_with(spec, field, words):
+    body = {"model": {"name": L70}, "maxNodes": 4, **spec}
+    found = validation.node_problems(api.VLLMServerSpec.model_validate(body))
+    assert [p.field for p in found][:1] == [field] and words in found[0].message
+    plan = pipeline.plan_server("srv", "ns1", api.VLLMServerSpec.model_validate(body))
+    assert field in {p.field for p in plan.problems} and not plan.layout, "refused, no layout chosen"
+
+
+def test_plan_and_render_say_the_layout_chosen(tmp_path):
+    doc = {"apiVersion": "vllm-operator.io/v1alpha1", "kind": "VLLMServer", "metadata": {"name": "big"},
+           "spec": {"model": {"name": L70}, "gpu": {"count": 2, "product": "L40S"}, "maxNodes": 4,
+                    "cache": {"claimName": "models"}, "workloadProfile": {"maxContextTokens": 8192}}}
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    for command in ("plan", "render"):
+        args = cli.build_parser().parse_args([command, "--offline", str(path)])
+        out, err = io.StringIO(), io.StringIO()
+        assert args.func(args, out, err) == 0, err.getvalue()
+        said = out.getvalue() + err.getvalue()
+        assert "layout: 2 nodes x 2 GPU(s), one LeaderWorkerSet group per replica, chosen by maxNodes 4" in said
+    assert "kind: LeaderWorkerSet" in out.getvalue() and "size: 2" in out.getvalue()
+
+
+def test_the_operators_autoscaler_finds_the_chosen_layouts_workload():
+    from vllm_operator.autoscaler.actuator import planned_nodes
+
+    spec = api.VLLMServerSpec.model_validate({"model": {"name": L70}, "maxNodes": 4})
+    assert planned_nodes({"status": {"plan": {"estimates": {"nodes": 2}}}}, spec) == 2
+    assert planned_nodes({}, spec) == 1, "no plan written yet: not a group"
+    assert planned_nodes({}, spec.model_copy(update={"max_nodes": None, "nodes": 3})) == 3
+
+
+def test_max_nodes_chooses_nothing_for_a_model_it_cannot_size():
+    plan = chosen("acme/unknown-7b", 1, "L4", 4)
+    assert plan.problem_kinds() == [api.REASON_MODEL_UNKNOWN] and not plan.layout
+    assert not any(n.startswith("layout:") for n in plan.notes)
+
+
+def test_without_leaderworkerset_the_message_names_the_chosen_layout():
+    from vllm_operator.controller.reconcile import lws_missing_message
+
+    plan = chosen(L70, 2, "L40S", 4)
+    said = lws_missing_message(plan.spec, plan.max_nodes)
+    assert said.startswith("spec.maxNodes 4 chose 2 nodes (the fewest that fit): that runs each replica as a group "
+                           "of 2 pods on a LeaderWorkerSet") and "set nodes: 1" not in said
+    assert "or set nodes: 1" in lws_missing_message(plan_of(L70, 2, "L40S", nodes=2).spec)

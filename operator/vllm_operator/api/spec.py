@@ -424,6 +424,19 @@ class VLLMServerSpec(_Model):
             "|| (has(self.cache.shared) && self.cache.shared)",
             "a group of nodes gets no claim per pod: set cache.shared (one ReadWriteMany claim every node mounts) "
             "or cache.claimName", ".cache.size"),
+        cel("!has(self.maxNodes) || self.nodes == 1",
+            "nodes and maxNodes exclude each other: nodes fixes the count, maxNodes lets the planner choose the "
+            "fewest nodes that fit, up to it", ".maxNodes"),
+        cel("!has(self.maxNodes) || self.workload == 'StatefulSet'",
+            "maxNodes may make the server a LeaderWorkerSet of groups (workload: StatefulSet); a DaemonSet runs one "
+            "single-node server per matching node", ".maxNodes"),
+        cel("!has(self.maxNodes) || !has(self.gpu) || !has(self.gpu.migProfile)",
+            "vLLM cannot run across nodes on MIG slices: use whole GPUs (gpu.count) or leave maxNodes out",
+            ".maxNodes"),
+        cel("!has(self.maxNodes) || !has(self.cache) || !has(self.cache.size) "
+            "|| (has(self.cache.shared) && self.cache.shared)",
+            "maxNodes may choose a group of nodes, which gets no claim per pod: set cache.shared (one ReadWriteMany "
+            "claim every node mounts) or cache.claimName", ".cache.size"),
     ))
 
     model: ModelSpec
@@ -445,7 +458,12 @@ class VLLMServerSpec(_Model):
     """Nodes one server spans, each with gpu.count GPUs (docs/multi-node.md). Above 1 the server is a group: a
     LeaderWorkerSet (sigs.k8s.io/lws, installed in the cluster) whose leader serves the API and whose workers run
     vLLM headless; replicas and autoscaling count groups. The model is split across the nodes as crossNodeParallelism
-    says."""
+    says. Leave it at 1 with maxNodes."""
+    max_nodes: Optional[int] = Field(None, ge=2, le=64, alias="maxNodes")
+    """Let the planner choose the node count: the fewest nodes, from 1 up to maxNodes, of gpu.count GPUs each on
+    which the model and its KV cache fit (status.plan.estimates.nodes and the plan's first note say which and why;
+    docs/multi-node.md). Refused (DoesNotFit) with the reason when even maxNodes nodes cannot hold it. Excludes
+    nodes > 1; one node is a StatefulSet pod, more a LeaderWorkerSet group, as with nodes."""
     cross_node_parallelism: Literal["Pipeline", "Tensor"] = Field("Pipeline", alias="crossNodeParallelism")
     """How a server with nodes > 1 splits the model across its nodes: Pipeline (default: the layers in one stage
     per node, --pipeline-parallel-size nodes, tensor parallelism over gpu.count inside each node), or Tensor

@@ -67,6 +67,16 @@ READS_ENV = "VLLM_OPERATOR_AUTOSCALER_READS"
 STATEFULSET = ("apps/v1", "StatefulSet")
 
 
+def planned_nodes(body: dict[str, Any], spec: Any) -> int:
+    """The nodes one replica spans: spec.nodes, or with spec.maxNodes the count the reconciler's plan chose
+    (status.plan.estimates.nodes; 1 until a plan is written)."""
+    if spec.max_nodes is None:
+        return int(spec.nodes)
+    estimates = (((body.get("status") or {}).get("plan") or {}).get("estimates") or {})
+    nodes = estimates.get("nodes")
+    return nodes if isinstance(nodes, int) and nodes >= 1 else 1
+
+
 def _now_iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -270,8 +280,10 @@ class Autoscaler:
             return self._report(body, None, now, "InvalidSpec", "; ".join(problems))
 
         uid = body["metadata"]["uid"]
-        # A server across nodes scales by group: its LeaderWorkerSet's replicas, on its leaders' queues.
-        api_version, kind = (builders.LWS_API_VERSION, builders.LWS_KIND) if spec.nodes > 1 else STATEFULSET
+        # A server across nodes scales by group: its LeaderWorkerSet's replicas, on its leaders' queues. With
+        # maxNodes the node count is the reconciler's plan's, which its status says.
+        api_version, kind = (builders.LWS_API_VERSION, builders.LWS_KIND) if planned_nodes(body, spec) > 1 \
+            else STATEFULSET
         sts = self.reader.children(self.namespace, self.name, uid, kinds=[(api_version, kind)]).get(
             (kind, self.name))
         if sts is not None:

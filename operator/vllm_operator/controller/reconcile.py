@@ -187,11 +187,15 @@ def pod_templates(workload: dict[str, Any]) -> list[dict[str, Any]]:
     return [workload["spec"]["template"]]
 
 
-def lws_missing_message(spec: api.VLLMServerSpec) -> str:
-    return (f"spec.nodes {spec.nodes} runs each replica as a group of {spec.nodes} pods on a LeaderWorkerSet, but "
+def lws_missing_message(spec: api.VLLMServerSpec, max_nodes: Optional[int] = None) -> str:
+    """`spec`: the plan's (spec.nodes the layout); `max_nodes`: the bound it was chosen under, if any."""
+    field = f"spec.maxNodes {max_nodes} chose {spec.nodes} nodes (the fewest that fit): that" if max_nodes else \
+        f"spec.nodes {spec.nodes}"
+    other = "" if max_nodes else ", or set nodes: 1"
+    return (f"{field} runs each replica as a group of {spec.nodes} pods on a LeaderWorkerSet, but "
             f"this cluster does not serve {builders.LWS_API_VERSION} LeaderWorkerSets: install LeaderWorkerSet "
             "(sigs.k8s.io/lws, v0.8.0 or later: kubectl apply --server-side -f https://github.com/kubernetes-sigs/"
-            "lws/releases/download/v0.8.0/manifests.yaml), or set nodes: 1. Nothing is applied until then")
+            f"lws/releases/download/v0.8.0/manifests.yaml){other}. Nothing is applied until then")
 
 
 # --------------------------------------------------------------------------- reconciler
@@ -384,8 +388,8 @@ class Reconciler:
         if run.errors:
             run.reason = run.plan.problems[0].reason
             return
-        if builders.is_group(spec) and not self.serves_lws():
-            run.errors, run.reason = [lws_missing_message(spec)], LWS_NOT_INSTALLED
+        if builders.is_group(run.plan.spec) and not self.serves_lws():  # the plan's: maxNodes chooses the count
+            run.errors, run.reason = [lws_missing_message(run.plan.spec, run.plan.max_nodes)], LWS_NOT_INSTALLED
             return
         desired = builders.build_all(run.plan, run.body)
         replan.mark_requested(run.body, desired)

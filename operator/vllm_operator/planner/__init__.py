@@ -12,8 +12,9 @@ is below the budget, so the derived utilization leaves that context, a margin an
 gpu.reservedMemory outside. Every constant is in `ASSUMPTIONS`, with its source.
 
 The package: ``assumptions`` (ASSUMPTIONS and each release's PROFILE_TERMS), ``memory`` (the memory math),
-``plan_types`` (Plan, FlagDecision, Memory, Sizing), ``steps`` (`plan` and its numbered steps), ``stages`` (the
-pipeline stages of a server across nodes), ``lora`` (spec.adapters' flags and slots). `plan`, its numbered steps
+``plan_types`` (Plan, FlagDecision, Memory, Sizing), ``layout`` (`plan`: spec.nodes, or the fewest nodes up to
+spec.maxNodes that fit), ``steps`` (`plan_layout` and its numbered steps), ``stages`` (the pipeline stages of a
+server across nodes), ``lora`` (spec.adapters' flags and slots). `plan`, its numbered steps
 and the types and memory math they use are importable from ``vllm_operator.planner``.
 """
 
@@ -28,10 +29,12 @@ from .memory import (
 from .plan_types import (
     DEFAULT_PORT, FlagDecision, Memory, Plan, Sizing,
 )
+from .layout import choose_nodes, layout_refused, plan
 from .steps import (
-    check_inputs, check_queue_cap, engine_args, longest_model_len, min_queue_cap, plan, plan_batch, plan_engine_flags,
+    check_inputs, check_queue_cap, engine_args, longest_model_len, min_queue_cap, plan_batch, plan_engine_flags,
     plan_kv_cache, plan_max_model_len, plan_memory_budget, plan_pod, plan_runner, plan_shutdown,
-    plan_tensor_parallel, plan_weights, profile_notes, check_release_flags, resolve_gpu_memory, unsafe_overrides,
+    plan_layout, plan_tensor_parallel, plan_weights, profile_notes, check_release_flags, resolve_gpu_memory,
+    unsafe_overrides,
 )
 
 __all__ = [
@@ -43,5 +46,5 @@ __all__ = [
     "Plan", "Sizing", "check_inputs", "check_queue_cap", "engine_args", "longest_model_len", "min_queue_cap", "plan",
     "plan_batch", "plan_engine_flags", "plan_kv_cache", "plan_max_model_len", "plan_memory_budget", "plan_pod",
     "plan_runner", "plan_shutdown", "plan_tensor_parallel", "plan_weights", "profile_notes", "check_release_flags",
-    "resolve_gpu_memory", "unsafe_overrides",
+    "resolve_gpu_memory", "unsafe_overrides", "plan_layout", "choose_nodes", "layout_refused",
 ]

@@ -69,7 +69,11 @@ class Plan:
     gpu_source: str = ""
     tensor_parallel_size: int = 1
     nodes: int = 1
-    """Nodes one server (a group, above 1) spans: spec.nodes."""
+    """Nodes one server (a group, above 1) spans: spec.nodes (with spec.maxNodes, the count the planner chose)."""
+    max_nodes: Optional[int] = None
+    """spec.maxNodes: the bound the node count was chosen under (None: spec.nodes fixed it)."""
+    layout: str = ""
+    """With spec.maxNodes: the layout chosen and why (also the first note), or empty."""
     pipeline_parallel_size: int = 1
     """Pipeline stages, one per node with crossNodeParallelism Pipeline."""
     stage_layers: int = 0
@@ -127,7 +131,7 @@ class Plan:
         return {
             "tensorParallelSize": self.tensor_parallel_size,
             "pipelineParallelSize": self.pipeline_parallel_size if self.nodes > 1 else None,
-            "nodes": self.nodes if self.nodes > 1 else None,
+            "nodes": self.nodes if self.nodes > 1 or self.max_nodes else None,
             "gpuMemoryBytes": self.gpu_memory,
             "weightBytesPerGpu": m.weights if m else None,
             "activationBytesPerGpu": m.activation if m else None,

@@ -1,4 +1,4 @@
-"""`plan`: spec + resolved model + GPU facts in, a `Plan` out, in numbered steps (the spec's rules, tensor
+"""`plan_layout`: spec (its node count fixed) + resolved model + GPU facts in, a `Plan` out, in numbered steps (the spec's rules, tensor
 parallelism, the memory budget, weights, batch, KV cache, max model length, engine flags, runner, pod,
 release notes, queue cap, shutdown, overrides, args)."""
 
@@ -33,7 +33,7 @@ def resolve_gpu_memory(spec: VLLMServerSpec, gpu: GPUSelection) -> tuple[Optiona
     return gpu.memory_bytes, gpu.memory_source
 
 
-def plan(
+def plan_layout(
     name: str,
     namespace: str,
     spec: VLLMServerSpec,
@@ -46,18 +46,19 @@ def plan(
     allow_unsafe_args: bool = False,
     urls: Optional[URLPolicy] = None,
     adapter_facts: Optional[dict[str, lora.AdapterFacts]] = None,
+    max_nodes: Optional[int] = None,
 ) -> Plan:
-    """Derive the vLLM args and estimates for one server. Pure; never raises on bad input.
+    """The plan of one layout (spec.nodes nodes). Pure; never raises on bad input.
 
-    `gpu`: spec.gpu resolved by gpus.select_gpu (resolved here when not given).
     `allow_unsafe_args`: the VLLMServer carries api.ALLOW_UNSAFE_ARGS_ANNOTATION, so extraArgs may set
     --host/--port (the container port then follows --port). `urls`: the operator's URL settings (None: the
     offline CLI, which fetches nothing for anyone else). `adapter_facts`: each spec.adapters entry's
-    adapter_config.json as the pipeline read it (by adapter name; a missing one was not read).
+    adapter_config.json as the pipeline read it (by adapter name; a missing one was not read). `max_nodes`: the
+    user's spec.maxNodes when choose_nodes tries this layout (its hints then name maxNodes).
 
     The named steps below run in order (numbered in their docstrings); each records its flags (`decisions`),
     notes and problems on the plan, and sizing stops at the first step that finds the server cannot run."""
-    p = Plan(name=name, namespace=namespace, spec=spec, model=model,
+    p = Plan(name=name, namespace=namespace, spec=spec, model=model, max_nodes=max_nodes,
              prometheus_url=spec.autoscaling.prometheus_url or default_prometheus_url, flags=flag_check(spec))
     check_inputs(p, gpu, model_error=model_error, model_error_field=model_error_field,
                  default_prometheus_url=default_prometheus_url, allow_unsafe_args=allow_unsafe_args, urls=urls)
@@ -274,7 +275,8 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
                  "engine.maxLoraRank take less)") if s.lora else ""
         suggestions = _fit_suggestions(p, s, activation, longest, limits)
         if spread is not None:
-            suggestions.insert(0, f"more nodes (nodes: {spread}: pipeline stages over {spread} nodes of "
+            suggestions.insert(0, f"more nodes ({'maxNodes' if p.max_nodes else 'nodes'}: {spread}: pipeline "
+                                  f"stages over {spread} nodes of "
                                   f"{p.spec.gpu.count} GPU(s): docs/multi-node.md)")
         p.problem("spec.gpu", f"the model does not fit{group}: weights {gib(weights)} + activations "
                   f"{gib(activation)} + overheads {gib(non_torch + graphs)}{slots} per GPU exceed the {gib(budget)} "

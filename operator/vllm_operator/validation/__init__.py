@@ -25,8 +25,8 @@ from .hardware import (
 )
 from .spec_rules import (
     above_limit_problems, autoscaling_problems, cache_problems, check_spec, credential_problems, env_problems,
-    flag_like_values, name_problems, network_problems, node_problems, overcommittable, request_limit_problems,
-    resource_problems, routing_problems, scale_to_zero_problems, toleration_problems, unsupported_quantization,
+    flag_like_values, max_nodes_problems, name_problems, network_problems, node_problems, overcommittable,
+    request_limit_problems, resource_problems, routing_problems, scale_to_zero_problems, toleration_problems, unsupported_quantization,
 )
 
 __all__ = [
@@ -38,6 +38,6 @@ __all__ = [
     "ATTENTION_BACKEND_ENV", "chosen_attention_backends", "attention_problems", "hardware_problems",
     "credential_problems", "flag_like_values", "check_spec", "name_problems", "autoscaling_problems",
     "scale_to_zero_problems", "routing_problems", "network_problems", "cache_problems", "node_problems",
-    "env_problems", "unsupported_quantization", "resource_problems", "toleration_problems", "above_limit_problems",
+    "max_nodes_problems", "env_problems", "unsupported_quantization", "resource_problems", "toleration_problems", "above_limit_problems",
     "request_limit_problems", "overcommittable",
 ]

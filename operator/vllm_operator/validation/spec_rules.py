@@ -179,9 +179,9 @@ def cache_problems(spec: VLLMServerSpec) -> list[Problem]:
 
 def node_problems(spec: VLLMServerSpec) -> list[Problem]:
     """spec.nodes: a group of nodes is a LeaderWorkerSet of whole GPUs with no claim per pod (the CRD's rules)."""
+    out = max_nodes_problems(spec)
     if spec.nodes == 1:
-        return []
-    out = []
+        return out
     if spec.workload != "StatefulSet":
         out.append(Problem("spec.nodes", "a server across nodes is a LeaderWorkerSet of groups (workload: "
                            "StatefulSet); a DaemonSet runs one single-node server per matching node"))
@@ -191,6 +191,27 @@ def node_problems(spec: VLLMServerSpec) -> list[Problem]:
     if spec.cache is not None and spec.cache.size and not spec.cache.shared:
         out.append(Problem("spec.cache.size", "a group of nodes gets no claim per pod: set cache.shared (one "
                            "ReadWriteMany claim every node mounts) or cache.claimName"))
+    return out
+
+
+def max_nodes_problems(spec: VLLMServerSpec) -> list[Problem]:
+    """spec.maxNodes: the planner may choose a group, so what a group may not be is refused up front (the CRD's
+    rules), and it excludes a fixed node count."""
+    if spec.max_nodes is None:
+        return []
+    out = []
+    if spec.nodes > 1:
+        out.append(Problem("spec.maxNodes", "nodes and maxNodes exclude each other: nodes fixes the count, maxNodes "
+                           "lets the planner choose the fewest nodes that fit, up to it"))
+    if spec.workload != "StatefulSet":
+        out.append(Problem("spec.maxNodes", "maxNodes may make the server a LeaderWorkerSet of groups (workload: "
+                           "StatefulSet); a DaemonSet runs one single-node server per matching node"))
+    if spec.gpu.mig_profile:
+        out.append(Problem("spec.maxNodes", "vLLM cannot run across nodes on MIG slices: use whole GPUs (gpu.count) "
+                           "or leave maxNodes out"))
+    if spec.cache is not None and spec.cache.size and not spec.cache.shared:
+        out.append(Problem("spec.cache.size", "maxNodes may choose a group of nodes, which gets no claim per pod: set "
+                           "cache.shared (one ReadWriteMany claim every node mounts) or cache.claimName"))
     return out
 
 
