@@ -20,6 +20,9 @@ ADAPTERS: dict[str, tuple[int, list[str]]] = {
     "sql": (8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     "chat": (16, ["q_proj", "v_proj"]),
     "poem": (8, ["o_proj", "down_proj"]),
+    # Above the default slots' rank (16): vLLM refuses to load it there (a bad adapter that must not take the server
+    # down).
+    "wide": (64, ["q_proj", "v_proj"]),
 }
 SEED = 1234
 

@@ -10,7 +10,7 @@ set -euo pipefail
 PEFT_VERSION=0.21.2
 ACCELERATE_VERSION=1.15.0
 # Bump REV when make_tiny_adapters.py changes.
-REV=2
+REV=3
 CACHE="${VLLM_OPERATOR_CACHE:-$HOME/.cache/vllm-operator}"
 DIR="$CACHE/tiny-lora-peft-$PEFT_VERSION-r$REV"
 MARKER="$DIR/.ready"

@@ -10,7 +10,10 @@ polls pods every ``interval`` seconds and:
 * "starts" pods bound to its node: gives each a unique IP from a 127.0.0.0/8
   pool, calls ``on_pod_start(pod, ip)`` (a test may start a real process on that
   IP; a bool return decides readiness), then patches the pod status to Running
-  with the Ready condition;
+  with the Ready condition; a pod's readinessGates hold Ready at False (ContainersReady True) until every
+  gate's condition is True, as a kubelet does, and conditions of other types (a gate's) are left as they are;
+* restarts a pod's containers when told (``restart_container``: the container exited): restartCount + 1,
+  lastState terminated, not ready until ``set_ready`` again;
 * finalises pods being deleted. By default at once, as for a forced deletion: no preStop hook,
   ``on_pod_stop(pod, ip)`` (the containers killed), then the pod deleted with grace period 0
   (there is no kubelet to finish a graceful deletion, so StatefulSet scale-down would otherwise
@@ -101,6 +104,12 @@ class Fault:
     phase: str = "Running"
 
 
+def _gates_true(pod: client.V1Pod) -> bool:
+    """Every readiness gate of the pod has its condition True (a kubelet's Ready needs them all)."""
+    conditions = {c.type: c.status for c in (pod.status.conditions or [])}
+    return all(conditions.get(g.condition_type) == "True" for g in pod.spec.readiness_gates or [])
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -129,7 +138,7 @@ def _default_ip_pool() -> list[str]:
 
 
 class _PodState:
-    __slots__ = ("uid", "namespace", "name", "ip", "ready", "reported_ready", "pod")
+    __slots__ = ("uid", "namespace", "name", "ip", "ready", "reported_ready", "pod", "restarts", "started_at")
 
     def __init__(self, pod: client.V1Pod, ip: str):
         self.uid = pod.metadata.uid
@@ -137,8 +146,11 @@ class _PodState:
         self.name = pod.metadata.name
         self.ip = ip
         self.ready = False
-        self.reported_ready: Optional[bool] = None
+        #: (containers ready, pod Ready, restarts) as last patched.
+        self.reported_ready: Optional[tuple[bool, bool, int]] = None
         self.pod = pod
+        self.restarts = 0
+        self.started_at: Optional[str] = None  # the running container's start, after a restart
 
 
 class FakeKubelet:
@@ -254,6 +266,20 @@ class FakeKubelet:
             for st in self._pods.values():
                 if st.namespace == namespace and st.name == name:
                     st.ready = ready
+
+    def restart_container(self, namespace: str, name: str) -> bool:
+        """The pod's containers exited and are started again, as a kubelet restarts them: restartCount + 1, the
+        last state terminated, not ready until ``set_ready(..., True)`` (applied within one poll interval).
+        False when the kubelet runs no such pod."""
+        with self._lock:
+            for st in self._pods.values():
+                if st.namespace == namespace and st.name == name:
+                    st.restarts += 1
+                    st.started_at = _now()
+                    st.ready = False
+                    self._desired_ready[(namespace, name)] = False
+                    return True
+        return False
 
     def pod_ip(self, namespace: str, name: str) -> Optional[str]:
         with self._lock:
@@ -471,10 +497,11 @@ class FakeKubelet:
         # the patch must leave them different, so the next sync sends the new value (recording
         # st.ready after the call lost such an update and left a pod NotReady for good).
         ready = st.ready
-        if st.reported_ready == ready and not new and pod.status.phase == "Running":
+        reported = (ready, ready and _gates_true(pod), st.restarts)
+        if st.reported_ready == reported and not new and pod.status.phase == "Running":
             return
-        self._patch_running(pod, st, ready)
-        st.reported_ready = ready
+        self._patch_running(pod, st, ready, reported[1])
+        st.reported_ready = reported
 
     def _report_fault(self, pod: client.V1Pod, fault: Fault) -> None:
         now = _now()
@@ -498,13 +525,14 @@ class FakeKubelet:
                 "firstTimestamp": now, "lastTimestamp": now,
                 "source": {"component": "kubelet", "host": self.node_name}})
 
-    def _patch_running(self, pod: client.V1Pod, st: _PodState, is_ready: bool) -> None:
+    def _patch_running(self, pod: client.V1Pod, st: _PodState, is_ready: bool, pod_ready: bool) -> None:
         now = _now()
         ready = "True" if is_ready else "False"
         started = pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") if pod.status.start_time else now
 
-        def cond(t: str, s: str) -> dict:
-            return {"type": t, "status": s, "lastProbeTime": None, "lastTransitionTime": now}
+        def cond(t: str, s: str, reason: Optional[str] = None) -> dict:
+            out = {"type": t, "status": s, "lastProbeTime": None, "lastTransitionTime": now}
+            return out | ({"reason": reason} if reason else {})
 
         def running(c: client.V1Container) -> dict:
             return {
@@ -514,8 +542,10 @@ class FakeKubelet:
                 "containerID": f"fake://{st.uid}/{c.name}",
                 "ready": is_ready,
                 "started": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": started}},
+                "restartCount": st.restarts,
+                "state": {"running": {"startedAt": st.started_at or started}},
+                **({"lastState": {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": started,
+                                                 "finishedAt": st.started_at}}} if st.restarts else {}),
             }
 
         def completed(c: client.V1Container) -> dict:
@@ -539,7 +569,8 @@ class FakeKubelet:
                 cond("PodScheduled", "True"),
                 cond("Initialized", "True"),
                 cond("ContainersReady", ready),
-                cond("Ready", ready),
+                cond("Ready", "True" if pod_ready else "False",
+                     "ReadinessGatesNotReady" if is_ready and not pod_ready else None),
             ],
             "containerStatuses": [running(c) for c in pod.spec.containers],
         }

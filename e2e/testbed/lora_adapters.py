@@ -8,7 +8,7 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "tiny-adapters.sh"
 #: name -> rank, as tools/make_tiny_adapters.py makes them.
-RANKS = {"sql": 8, "chat": 16, "poem": 8}
+RANKS = {"sql": 8, "chat": 16, "poem": 8, "wide": 64}
 
 _dir: list[Path] = []
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .catalog import Architecture
 
@@ -175,9 +175,11 @@ def adapter_rows(names: Sequence[str], pods: Sequence[PodAdapters]) -> list[dict
     return rows
 
 
-def served_models(base: str, rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The names a client may use: the base model's, and each adapter every reached replica serves."""
-    return [base] + [r["name"] for r in rows if r["replicas"] and r["loaded"] == r["replicas"]]
+def served_models(base: str, names: Sequence[str], pods: Sequence[PodAdapters]) -> list[str]:
+    """The names a client may use: the base model's, and each adapter every reached replica of `pods` (those in
+    the Service: a replica still held back by its readiness gate is not) serves."""
+    reached = [p for p in pods if p.listed is not None]
+    return [base] + [n for n in names if reached and all(n in (p.listed or ()) for p in reached)]
 
 
 def condition(rows: Sequence[dict[str, Any]]) -> tuple[str, str, str]:
@@ -198,3 +200,82 @@ def condition(rows: Sequence[dict[str, Any]]) -> tuple[str, str, str]:
         names = ", ".join(r["name"] for r in loading[:8])
         return "False", "Loading", f"loading {names} on the ready replicas"
     return "True", "Loaded", f"{len(rows)} adapter(s) loaded on every ready replica ({reached})"
+
+
+# --------------------------------------------------------------------------- the readiness gate
+#: The pod condition the pods of a server with adapters list as a readiness gate: a pod counts as Ready (and joins
+#: the Service's endpoints) only once the operator set it True, after trying every adapter of the spec on the pod's
+#: current vLLM (each loaded, or refused and reported). The pods of a server without adapters have no such gate.
+GATE = "vllm-operator.io/adapters-loaded"
+#: The container restart count a True gate was set at, in its message: a vLLM restarted since holds no adapters.
+_GATE_RESTARTS = re.compile(r"\(container restarts (\d+)\)")
+
+
+def gated(pod: dict[str, Any]) -> bool:
+    """Whether the pod's spec lists the adapters' readiness gate."""
+    return any(isinstance(g, Mapping) and g.get("conditionType") == GATE
+               for g in (pod.get("spec") or {}).get("readinessGates") or [])
+
+
+def pod_condition(pod: Mapping[str, Any], type_: str) -> Optional[Mapping[str, Any]]:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or []
+                 if isinstance(c, Mapping) and c.get("type") == type_), None)
+
+
+def restarts(pod: dict[str, Any]) -> int:
+    """The restarts of the pod's containers, summed (a restarted vLLM holds none of its adapters)."""
+    return sum(int(c.get("restartCount") or 0) for c in (pod.get("status") or {}).get("containerStatuses") or []
+               if isinstance(c, Mapping))
+
+
+def _gate_current(pod: dict[str, Any]) -> bool:
+    """The gate is True and was set for the pod's current vLLM (its container restart count)."""
+    cond = pod_condition(pod, GATE)
+    if cond is None or cond.get("status") != "True":
+        return False
+    found = _GATE_RESTARTS.search(str(cond.get("message") or ""))
+    return found is not None and int(found.group(1)) == restarts(pod)
+
+
+def _containers_ready(pod: dict[str, Any]) -> bool:
+    return (pod_condition(pod, "ContainersReady") or {}).get("status") == "True"
+
+
+def gate_due(pod: dict[str, Any]) -> bool:
+    """Whether the pod's gate waits on the operator: its vLLM answers (containers ready) and the gate is not set for
+    it, or the gate is True for an earlier vLLM of the pod (the container restarted)."""
+    if not gated(pod) or (pod.get("metadata") or {}).get("deletionTimestamp") or _gate_current(pod):
+        return False
+    return _containers_ready(pod) or (pod_condition(pod, GATE) or {}).get("status") == "True"
+
+
+def gate_wanted(pod: dict[str, Any], known: Optional[PodAdapters], names: Sequence[str]
+                ) -> Optional[tuple[str, str, str]]:
+    """The gate condition to write on `pod` as (status, reason, message), or None to leave it as it is. True once
+    the pod's vLLM (`known`: what the sync found there, for the pod's current uid and restart count) lists every
+    adapter of `names` or refused it (a failing adapter never keeps a replica out of service: it is named in
+    status.adapters); False when the gate is True for an earlier vLLM of the pod."""
+    if not gate_due(pod):
+        return None
+    n = restarts(pod)
+    if _containers_ready(pod) and known is not None and known.listed is not None and \
+            all(name in known.listed or name in known.errors for name in names):
+        loaded = sum(1 for name in names if name in known.listed)
+        failed = f", {len(names) - loaded} failed (status.adapters names them)" if loaded < len(names) else ""
+        return "True", "AdaptersLoaded", (f"{loaded} of {len(names)} adapter(s) loaded{failed} on this pod's vLLM "
+                                          f"(container restarts {n})")
+    if (pod_condition(pod, GATE) or {}).get("status") == "True":
+        return "False", "VLLMRestarted", (f"the vLLM container restarted: its adapters are loaded again before the "
+                                          f"pod serves (container restarts {n})")
+    return None
+
+
+def gate_patch(pod: dict[str, Any], status: str, reason: str, message: str, now: str) -> dict[str, Any]:
+    """A strategic-merge patch of the pod's status (conditions merge by type: the kubelet's stay) that sets the
+    gate; the resourceVersion read makes it conditional (409 when the pod changed or was recreated meanwhile)."""
+    meta = pod.get("metadata") or {}
+    patch: dict[str, Any] = {"status": {"conditions": [{"type": GATE, "status": status, "reason": reason,
+                                                        "message": message, "lastTransitionTime": now}]}}
+    if meta.get("resourceVersion"):
+        patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+    return patch

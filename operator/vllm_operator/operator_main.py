@@ -26,7 +26,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from . import api, builders, chattemplate, kopfext, telemetry
+from . import adapters as lora, api, builders, chattemplate, kopfext, telemetry
 from .sources import hub
 from .controller import adapters as adapter_sync, replan
 from .kube import apierrors, events
@@ -190,7 +190,16 @@ class Operator:
         try:
             self.reconcile(namespace, name, log)
         except Exception as e:  # noqa: BLE001 - kopf's next event or resync retries it; nothing waits for this
-            log.warning("reconcile of %s/%s after its chat template check failed: %s", namespace, name, e)
+            log.warning("reconcile of %s/%s after a nudge failed: %s", namespace, name, e)
+
+    def on_pod(self, body: Any) -> None:
+        """A pod event (on kopf's event loop): a pod whose adapters' readiness gate waits on the operator (its vLLM
+        now answers, or restarted under a True gate) gets its server reconciled at once, which starts the pod's
+        adapter sync; the sync's end reconciles again and sets the gate. Other pod events cost nothing."""
+        meta = body.get("metadata") or {}
+        server = (meta.get("labels") or {}).get(builders.SERVER_LABEL)
+        if server and lora.gate_due(body):
+            self.nudge((meta.get("namespace", ""), server), 0)
 
     def lock(self, namespace: str, name: str) -> threading.Lock:
         with self._guard:
@@ -296,7 +305,7 @@ def register_handlers(registry: kopf.OperatorRegistry, op: Operator, *, resync_s
                                    ("", "v1", "services")):
         kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"on_child/{plural}", registry=registry)(op.on_child)
     # The watch-fed copies the reconciler and the autoscaler read (informers/kopfindex.py).
-    kopfindex.register(registry, op.objects, op.reconciler.managed_kinds())
+    kopfindex.register(registry, op.objects, op.reconciler.managed_kinds(), on_pod=op.on_pod)
     # One queue-based autoscaler loop per VLLMServer with autoscaling.mode Operator (autoscaler/actuator.py).
     if op.scaling is not None:
         kopf.daemon(api.GROUP, api.VERSION, api.PLURAL, id="autoscaler", when=ownership.runs_operator_loop,

@@ -177,6 +177,8 @@ def test_default_install_is_cluster_wide_with_exactly_these_rules():
         ("gateway.networking.k8s.io", "httproutes"): CHILD_VERBS,
         ("leaderworkerset.x-k8s.io", "leaderworkersets"): CHILD_VERBS,
         ("", "pods"): {"get", "list", "watch", "create"},
+        # spec.adapters (docs/adapters.md): the adapters' readiness gate, a condition of the pods' status
+        ("", "pods/status"): {"patch"},
         ("", "events"): {"create", "get", "patch", "list"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"get"},

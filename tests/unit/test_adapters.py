@@ -213,7 +213,9 @@ def test_status_rows_served_models_and_the_condition():
     rows = adapters.adapter_rows(["sql", "chat"], pods)
     assert rows == [{"name": "sql", "loaded": 2, "replicas": 2},
                     {"name": "chat", "loaded": 1, "replicas": 2, "lastError": "srv-1: load: HTTP 404"}]
-    assert adapters.served_models("llama", rows) == ["llama", "sql"]
+    assert adapters.served_models("llama", ["sql", "chat"], pods) == ["llama", "sql"]
+    assert adapters.served_models("llama", ["sql", "chat"], pods[:1]) == ["llama", "sql", "chat"]  # srv-1 held back
+    assert adapters.served_models("llama", ["sql"], []) == ["llama"]
     status, reason, message = adapters.condition(rows)
     assert (status, reason) == ("False", "AdapterLoadFailed")
     assert "chat (srv-1: load: HTTP 404)" in message and "keep serving" in message
@@ -222,6 +224,107 @@ def test_status_rows_served_models_and_the_condition():
     assert adapters.condition(adapters.adapter_rows(["sql"], []))[:2] == ("Unknown", "NoReadyReplica")
     loading = adapters.adapter_rows(["chat"], [adapters.PodAdapters("srv-0", listed=frozenset())])
     assert adapters.condition(loading)[:2] == ("False", "Loading")
+
+
+# --------------------------------------------------------------------------- the readiness gate
+def gated_pod(*, containers_ready: bool = True, gate: Optional[tuple[str, str]] = None, restarts: int = 0,
+              gates: bool = True, deleting: bool = False) -> dict:
+    """A pod of a server with adapters as the API server returns it; `gate`: its gate condition (status, message)."""
+    conditions = [{"type": "ContainersReady", "status": "True" if containers_ready else "False"},
+                  {"type": "Ready", "status": "False"}]
+    if gate is not None:
+        conditions.append({"type": adapters.GATE, "status": gate[0], "message": gate[1]})
+    meta = {"name": "srv-0", "namespace": "ns", "uid": "u1", "resourceVersion": "42"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-02T15:00:00Z"
+    return {"metadata": meta,
+            "spec": {"readinessGates": [{"conditionType": adapters.GATE}] if gates else []},
+            "status": {"conditions": conditions, "containerStatuses": [{"name": "vllm", "restartCount": restarts}]}}
+
+
+def test_the_gate_is_in_the_pod_template_only_with_adapters():
+    """A server without adapters keeps its pod template (no readiness gate: no roll of the servers that do not use
+    adapters); with adapters, the gate comes with --enable-lora (one change of the template, no extra roll)."""
+    with_adapters = builders.base_pod_template(plan(spec_with([{"name": "a", "source": "/cache/a", "rank": 8}])))
+    assert with_adapters["spec"]["readinessGates"] == [{"conditionType": adapters.GATE}]
+    assert "--enable-lora" in with_adapters["spec"]["containers"][0]["args"]
+    assert "readinessGates" not in builders.base_pod_template(plan(spec_with([])))["spec"]
+    # On the node's network the operator never calls the pods (tenant safety): no gate that could never open.
+    daemon = spec_with([{"name": "a", "source": "/cache/a", "rank": 8}])
+    daemon = daemon.model_copy(update={"workload": "DaemonSet", "host_network": True})
+    assert "readinessGates" not in builders.base_pod_template(plan(daemon))["spec"]
+
+
+def test_the_gate_opens_once_every_adapter_was_tried_on_the_pods_vllm():
+    names = ["sql", "chat"]
+    pod = gated_pod()
+    assert adapters.gate_due(pod)
+    assert adapters.gate_wanted(pod, None, names) is None  # not read yet
+    assert adapters.gate_wanted(pod, adapters.PodAdapters("srv-0"), names) is None  # not reached
+    half = adapters.PodAdapters("srv-0", listed=frozenset({"sql"}))
+    assert adapters.gate_wanted(pod, half, names) is None  # chat not tried yet
+    status, reason, message = adapters.gate_wanted(pod, adapters.PodAdapters(
+        "srv-0", listed=frozenset({"sql", "chat"})), names)
+    assert (status, reason) == ("True", "AdaptersLoaded") and "2 of 2" in message and "(container restarts 0)" in message
+    # A refused adapter counts as tried: a bad adapter never keeps a replica out of service.
+    status, _, message = adapters.gate_wanted(pod, adapters.PodAdapters(
+        "srv-0", listed=frozenset({"sql"}), errors={"chat": "load: HTTP 404"}), names)
+    assert status == "True" and "1 of 2" in message and "1 failed" in message
+    # vLLM not answering yet: nothing to do, the kubelet keeps the pod out anyway.
+    assert not adapters.gate_due(gated_pod(containers_ready=False))
+    # No gate in the pod's spec (a pod of the template before the gate), or a pod being deleted: never touched.
+    loaded = adapters.PodAdapters("srv-0", listed=frozenset(names))
+    assert adapters.gate_wanted(gated_pod(gates=False), loaded, names) is None
+    assert adapters.gate_wanted(gated_pod(deleting=True), loaded, names) is None
+
+
+def test_the_gate_closes_when_the_vllm_under_it_restarted():
+    names = ["sql"]
+    loaded = adapters.PodAdapters("srv-0", listed=frozenset(names))
+    set_at_0 = ("True", "1 of 1 adapter(s) loaded on this pod's vLLM (container restarts 0)")
+    assert not adapters.gate_due(gated_pod(gate=set_at_0))  # current: nothing to do
+    assert adapters.gate_wanted(gated_pod(gate=set_at_0), loaded, names) is None
+    # The container restarted (restart count 1), its new vLLM still loading: the gate closes before it answers.
+    restarted = gated_pod(containers_ready=False, gate=set_at_0, restarts=1)
+    assert adapters.gate_due(restarted)
+    status, reason, message = adapters.gate_wanted(restarted, None, names)
+    assert (status, reason) == ("False", "VLLMRestarted") and "(container restarts 1)" in message
+    # The new vLLM answers and lists the adapters: open again, for restart 1.
+    status, _, message = adapters.gate_wanted(gated_pod(gate=("False", message), restarts=1), loaded, names)
+    assert status == "True" and "(container restarts 1)" in message
+    # A True gate whose message is not ours is not trusted: it is checked again like a stale one.
+    assert adapters.gate_due(gated_pod(gate=("True", "set by hand")))
+
+
+def test_the_gate_patch_merges_by_type_and_is_conditional():
+    patch = adapters.gate_patch(gated_pod(), "True", "AdaptersLoaded", "m", now="2026-12-02T15:00:00Z")
+    assert patch == {"metadata": {"resourceVersion": "42"},
+                     "status": {"conditions": [{"type": adapters.GATE, "status": "True", "reason": "AdaptersLoaded",
+                                                "message": "m", "lastTransitionTime": "2026-12-02T15:00:00Z"}]}}
+
+
+def test_set_gates_patches_only_the_pods_whose_gate_changes():
+    from vllm_operator.controller.adapters import set_gates
+    from vllm_operator.kube.client import ApiError
+
+    class Kube:
+        def __init__(self, fail: bool = False):
+            self.calls, self.fail = [], fail
+
+        def request(self, method, path, *, body=None, content_type=""):
+            self.calls.append((method, path, content_type, body["status"]["conditions"][0]["status"]))
+            if self.fail:
+                raise ApiError(409, "{}", method, path)
+
+    done = gated_pod(gate=("True", "x (container restarts 0)"))
+    done["metadata"]["name"] = "srv-1"
+    kube = Kube()
+    known = [adapters.PodAdapters("srv-0", listed=frozenset({"sql"})), adapters.PodAdapters(
+        "srv-1", listed=frozenset({"sql"}))]
+    assert set_gates(kube, [gated_pod(), done], known, ["sql"]) == 1
+    assert kube.calls == [("PATCH", "/api/v1/namespaces/ns/pods/srv-0/status",
+                           "application/strategic-merge-patch+json", "True")]
+    assert set_gates(Kube(fail=True), [gated_pod()], known, ["sql"]) == 0  # a conflict: the next reconcile retries
 
 
 def test_the_docs_figure_for_llama_8b():

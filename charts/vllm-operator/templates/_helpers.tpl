@@ -132,6 +132,12 @@ Hugging Face token through a secretKeyRef; the operator never does.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"{{ if .Values.rbac.podSecurityDryRun }}, "create"{{ end }}]
+# Pods' status (patch): the adapters' readiness gate (condition vllm-operator.io/adapters-loaded) on the pods of a
+# server with spec.adapters, set True once every adapter was tried on the pod's vLLM (docs/adapters.md). Nothing
+# else of a pod's status is written.
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
 # Events: the reconciler's, the autoscaler's and kopf's own warnings (create; one per reason per server, counted
 # on: get, patch); while a server is short of replicas, the events of its workload and pods (list, one object's at
 # a time: FailedCreate, failed probes) name the cause.

@@ -151,14 +151,15 @@ class ChatTemplateStatus(_Status):
 
 
 class AdapterStatus(_Status):
-    """One adapter of spec.adapters on the ready replicas."""
+    """One adapter of spec.adapters on the replicas whose vLLM answers."""
 
     name: str
     """The adapter's served model name."""
     loaded: int = 0
-    """Ready replicas whose vLLM lists the adapter in /v1/models (it serves requests naming it there)."""
+    """Replicas whose vLLM lists the adapter in /v1/models (it serves requests naming it there)."""
     replicas: int = 0
-    """Ready replicas the operator reached."""
+    """Replicas whose vLLM the operator reached: Ready, or held back by the adapters' readiness gate until their
+    adapters are loaded."""
     last_error: Optional[str] = Field(None, alias="lastError")
     """The last failure to load it, as a category (the pod, the call, the HTTP status): never the answer's bytes."""
 
@@ -190,9 +191,9 @@ class VLLMServerStatus(_Status):
     """The plan's KV cache tokens per replica beside what vLLM allocated on the ready pods."""
     adapters: Optional[list[AdapterStatus]] = Field(None, json_schema_extra={"x-kubernetes-list-type": "map",
                                                                                "x-kubernetes-list-map-keys": ["name"]})
-    """spec.adapters on the ready replicas: loaded on how many, the last error (condition AdaptersReady sums it up)."""
+    """spec.adapters on the replicas: loaded on how many, the last error (condition AdaptersReady sums it up)."""
     served_models: Optional[list[str]] = Field(None, alias="servedModels")
     """The model names clients may send in the "model" field: the base model's served name and each adapter's,
-    as the ready replicas list them in /v1/models (an adapter counts once every reached replica serves it)."""
+    as the replicas in the Service list them in /v1/models (an adapter counts once every one of them serves it)."""
     chat_template: Optional[ChatTemplateStatus] = Field(None, alias="chatTemplate")
     """The digest of the chat template last checked, and its verdict."""

@@ -287,6 +287,10 @@ def _pod_spec(plan: Plan, container: dict[str, Any], volumes: list[dict[str, Any
     init_containers = _init_containers(plan, mounts)
     if init_containers:
         pod_spec["initContainers"] = init_containers
+    # Ready only once the operator loaded the adapters on the pod's vLLM (docs/adapters.md); not on the node's
+    # network, where the operator never calls a pod (the gate would never open).
+    if spec.adapters and not spec.host_network:
+        pod_spec["readinessGates"] = [{"conditionType": adapters.GATE}]
     pod_spec.update(_pod_options(spec, node_selector, affinity))
     return pod_spec
 

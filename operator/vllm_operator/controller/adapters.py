@@ -10,12 +10,14 @@ adapter not listed (a failed one again only after `retry_seconds`), POST /v1/unl
 adapter the spec no longer has. Every call goes to the pod's IP (pods on the node's network are skipped by
 vllm_metrics.ready_pods), through sources/fetch.py (a deadline, a byte cap, no redirect); a failure is kept as a
 category ("load: HTTP 400"), never the answer's bytes. When a sync changes what is known, `notify` asks for a
-reconcile of the server, which writes status.adapters, servedModels and AdaptersReady.
+reconcile of the server, which writes status.adapters, servedModels and AdaptersReady, and sets the pods'
+readiness gate (adapters.GATE, `set_gates`): a pod joins the Service once every adapter was tried on its vLLM.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
 import logging
 import threading
 import time
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from .. import adapters
+from ..kube.client import ApiError
 from ..sources import fetch
 from ..sources.vllm_metrics import PodRef
 
@@ -165,3 +168,28 @@ def incarnations(pods: Sequence[dict[str, Any]]) -> dict[str, tuple[str, int]]:
         restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
         out[meta.get("name", "")] = (meta.get("uid", ""), restarts)
     return out
+
+
+def set_gates(kube: Any, pods: Sequence[dict[str, Any]], known: Sequence[adapters.PodAdapters],
+              names: Sequence[str]) -> int:
+    """Set the adapters' readiness gate (adapters.gate_wanted) on the pods where it changes: True on a pod whose
+    vLLM was tried with every adapter of `names`, False on one whose vLLM restarted since it was set. One
+    conditional strategic-merge patch of pods/status per change (a pod changed meanwhile answers 409: the next
+    reconcile sees it). Returns the patches made."""
+    by_pod = {k.pod: k for k in known}
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    made = 0
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        wanted = adapters.gate_wanted(pod, by_pod.get(meta.get("name", "")), names)
+        if wanted is None:
+            continue
+        path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}/status"
+        try:
+            kube.request("PATCH", path, body=adapters.gate_patch(pod, *wanted, now=now),
+                         content_type="application/strategic-merge-patch+json")
+            made += 1
+        except ApiError as e:  # a conflict, the pod gone, or no right: the next reconcile tries again
+            log.info("setting %s=%s on pod %s/%s failed: HTTP %s", adapters.GATE, wanted[0], meta.get("namespace"),
+                     meta.get("name"), e.status)
+    return made

@@ -562,18 +562,22 @@ class Reconciler:
 
     def _adapters(self, run: Pass, pods: list[dict[str, Any]]
                   ) -> tuple[Optional[list[api.AdapterStatus]], Optional[list[str]]]:
-        """status.adapters and servedModels from what the ready pods list (the sync loads and unloads in the
-        background: controller/adapters.py), the AdaptersReady condition, and a Warning event for each new
-        failure."""
+        """status.adapters and servedModels from what the pods whose vLLM answers list (the sync loads and unloads
+        in the background: controller/adapters.py), their readiness gates, the AdaptersReady condition, and a
+        Warning event for each new failure."""
         assert run.spec is not None
         spec = run.spec
         if not spec.adapters or self.adapter_sync is None:
             run.conditions.remove("AdaptersReady")
             return None, None
         wanted = tuple((a.name, a.source) for a in spec.adapters)
-        refs = vllm_metrics.ready_pods(pods)
+        names = [a.name for a in spec.adapters]
+        # Every pod whose vLLM answers, Ready or still held back by the adapters' readiness gate (adapters.GATE).
+        refs = vllm_metrics.ready_pods(pods, conditions=("Ready", "ContainersReady"))
         known = self.adapter_sync.observe(run.namespace, run.name, refs, adapters.incarnations(pods), wanted)
-        rows = lora.adapter_rows([a.name for a in spec.adapters], known)
+        adapters.set_gates(self.kube, pods, known, names)
+        rows = lora.adapter_rows(names, known)
+        in_service = {r.name for r in vllm_metrics.ready_pods(pods)}
         previous = {r.get("name"): r.get("lastError") for r in run.status.get("adapters") or [] if isinstance(r, dict)}
         sources = {a.name: a.source for a in spec.adapters}
         for row in rows:
@@ -583,7 +587,8 @@ class Reconciler:
                                           "and the other adapters keep serving"))
         run.conditions.set("AdaptersReady", *lora.condition(rows))
         return ([api.AdapterStatus.model_validate(r) for r in rows],
-                lora.served_models(spec.model.served_name or spec.model.name, rows))
+                lora.served_models(spec.model.served_name or spec.model.name, names,
+                                   [k for k in known if k.pod in in_service]))
 
     def _names_taken(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
                      uid: str) -> list[dict[str, Any]]:

@@ -81,8 +81,8 @@ def slim(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     """What the reconciler (failures.classify: scheduling, container states, the image, the memory limit and
-    the startup probe) and the autoscaler (readiness, IP, start times, the container's args, ports and startup
-    probe) read of a pod."""
+    the startup probe; the adapters' readiness gate) and the autoscaler (readiness, IP, start times, the
+    container's args, ports and startup probe) read of a pod."""
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     statuses = [{k: cs[k] for k in ("name", "state", "lastState", "restartCount", "ready") if k in cs}
                 for cs in status.get("containerStatuses") or []]
@@ -96,7 +96,10 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
                                           "resourceVersion") if k in meta},
         "spec": {"containers": containers, **({"hostNetwork": True} if (body.get("spec") or {}).get("hostNetwork")
-                                                 else {})},
+                                                 else {}),
+                 # the adapters' readiness gate (adapters.GATE), which the reconciler sets
+                 **({"readinessGates": body["spec"]["readinessGates"]} if (body.get("spec") or {}).get(
+                     "readinessGates") else {})},
         "status": {**{k: status[k] for k in ("phase", "podIP", "conditions", "startTime") if k in status},
                    "containerStatuses": statuses},
     })

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import kopf
 
@@ -29,8 +29,10 @@ class Indexer:
     """The kopf index functions of one WatchedObjects: each notes what it indexed (re-listings show
     themselves by a version delivered again) and returns the slim, packed copy."""
 
-    def __init__(self, objects: cache.WatchedObjects):
+    def __init__(self, objects: cache.WatchedObjects, on_pod: Optional[Callable[[Any], None]] = None):
         self.objects = objects
+        #: Told of every pod event (on kopf's event loop: it must not block); the adapters' readiness gate.
+        self.on_pod = on_pod
 
     async def server(self, body: Any, **_: Any) -> Any:
         self.objects.note_indexed(cache.SERVERS_INDEX, body)
@@ -46,13 +48,17 @@ class Indexer:
 
     async def pod(self, body: Any, **_: Any) -> Any:
         self.objects.note_indexed(cache.PODS_INDEX, body)
+        if self.on_pod is not None:
+            self.on_pod(body)
         return cache.index_pod(body)
 
 
-def register(registry: kopf.OperatorRegistry, objects: cache.WatchedObjects, kinds: Sequence[Kind]) -> None:
+def register(registry: kopf.OperatorRegistry, objects: cache.WatchedObjects, kinds: Sequence[Kind],
+             on_pod: Optional[Callable[[Any], None]] = None) -> None:
     """kopf indices of the servers, every kind the reconciler manages (`kinds`), and their pods: reconciles
-    read these instead of GET/LIST (bench/scale.py), and kopf runs no handler before they hold a full listing."""
-    indexer = Indexer(objects)
+    read these instead of GET/LIST (bench/scale.py), and kopf runs no handler before they hold a full listing.
+    `on_pod`: told of every pod event (Indexer.on_pod)."""
+    indexer = Indexer(objects, on_pod)
     kopf.index(api.GROUP, api.VERSION, api.PLURAL, id=cache.SERVERS_INDEX, registry=registry)(indexer.server)
     for api_version, kind in kinds:
         group, _, version = api_version.rpartition("/")

@@ -385,14 +385,16 @@ def unscrapable(pod: dict[str, Any]) -> Optional[str]:
     return None
 
 
-def ready_pods(pods: Sequence[dict[str, Any]]) -> list[PodRef]:
-    """The pods that serve (Ready, with an IP on the pod network, not terminating), where to scrape them."""
+def ready_pods(pods: Sequence[dict[str, Any]], conditions: tuple[str, ...] = ("Ready",)) -> list[PodRef]:
+    """The pods that serve (Ready, with an IP on the pod network, not terminating), where to scrape them.
+    `conditions` ("Ready", "ContainersReady"): the pods whose vLLM answers, Ready or still held back by a readiness
+    gate (any of the conditions True)."""
     out = []
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         if meta.get("deletionTimestamp") or unscrapable(pod):
             continue
-        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
+        if not any(c.get("type") in conditions and c.get("status") == "True" for c in status.get("conditions") or []):
             continue
         port = builders.PORT
         for c in (pod.get("spec") or {}).get("containers") or []:
