@@ -60,6 +60,10 @@ LOAD_TIMEOUT = 420              # one vLLM start on 2 busy cores (about 80 s whe
 # C - 2 wait whatever the machine's speed. 8 clients: 6 waiting -> exactly 2 replicas at
 # target 4 (3 would need more than 8). 20 clients: 18 waiting, which alone would ask for 5.
 LOAD = dict(max_requests=2000, duration=500, max_tokens=1000)
+# Step 3's requests are short, so that some finish while it runs: vLLM observes its request histograms (end-to-end
+# latency, time in the queue: the dashboard's panels in step 3b) when a request finishes, and on 2 loaded cores a
+# 1,000-token request can outlast step 1's whole load (20 sent, none finished, in 262 s).
+SHORT_TOKENS = 16
 
 
 # --------------------------------------------------------------------------- the pods: real vLLM
@@ -250,11 +254,18 @@ def ready_pods(st) -> set[str]:
     return out
 
 
-def start_load(st, clients: int) -> LoadGenerator:
+def start_load(st, clients: int, **load) -> LoadGenerator:
     """Load on pod 0 only (what reached it through the Service before the new replica joined)."""
     pods: VLLMPods = st["pods"]
-    st["load"] = LoadGenerator(lambda: [pods.url(f"{NAME}-0")], concurrency=clients, **LOAD).start()
+    st["load"] = LoadGenerator(lambda: [pods.url(f"{NAME}-0")], concurrency=clients, **{**LOAD, **load}).start()
     return st["load"]
+
+
+def finished_in_prometheus(st) -> float:
+    """Requests pod 0's vLLM finished, as Prometheus last scraped them: the count of its queue-time histogram,
+    which vLLM observes (with the end-to-end latency) when a request finishes, never while it waits or runs."""
+    expr = f'vllm:request_queue_time_seconds_count{{namespace="{st["namespace"]}", pod="{NAME}-0"}}'
+    return sum(float(r["value"][1]) for r in st["prometheus"].query(expr))
 
 
 def stop_load_and_drain(st) -> None:
@@ -371,13 +382,17 @@ def test_3_prometheus_source_scales_up_to_max(stack):
              90, "the autoscaler reads Prometheus")
     wait_for(lambda: cond(server(st), "AutoscalingActive").get("status") == "True", 60, "Prometheus has pod 0")
     ups = times(st, "ScaledUp")
-    start_load(st, clients=14)  # 12 waiting: asks for 3, capped at maxReplicas 2
+    finished = finished_in_prometheus(st)
+    start_load(st, clients=14, max_tokens=SHORT_TOKENS)  # 12 waiting: asks for 3, capped at maxReplicas 2
     wait_for(lambda: replicas(st) == 2, 120, "scale-up to 2 on Prometheus's numbers", interval=0.5)
     wait_for(lambda: times(st, "ScaledUp") == ups + 1, 30, "second ScaledUp event")
     wait_for(lambda: ready_pods(st) == {f"{NAME}-0", f"{NAME}-1"}, LOAD_TIMEOUT, "pod 1 Ready (warm vLLM)")
     limited = wait_for(lambda: (lambda c: c if c.get("status") == "True" else None)(
         cond(server(st), "AutoscalingLimited")), 120, "AutoscalingLimited at maxReplicas")
     assert limited["reason"] == "AtMaxReplicas" and limited["message"].startswith("at maxReplicas 2")
+    # What step 3b's latency panels read: requests that finished within their rate window, scraped.
+    wait_for(lambda: finished_in_prometheus(st) > finished, 120, "a request of this load finished and Prometheus "
+             "scraped it", interval=1)
     stop_load_and_drain(st)
 
 
@@ -385,7 +400,10 @@ def test_3_prometheus_source_scales_up_to_max(stack):
 def test_3b_every_dashboard_query_returns_data(stack):
     """The chart's Grafana dashboard against the real Prometheus that scraped the real vLLM pods (under load,
     queueing, scaling) and the operator: every panel's query (its variables as Grafana fills them for every
-    namespace and server) answers with numbers, none of them NaN (a histogram with no request in its window)."""
+    namespace and server) answers with numbers, none of them NaN (a histogram with no request in its window).
+
+    The request histograms' panels count requests that finished within the last 5 minutes (the rate window):
+    step 3 ended its load only after one of its requests had finished and been scraped, a minute ago at most."""
     prometheus: PrometheusServer = stack["prometheus"]
 
     def numbers(expr: str) -> list[float]:

@@ -27,7 +27,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import kopf
 
@@ -235,6 +235,23 @@ def autoscaling_problems(name: str, spec: api.VLLMServerSpec, default_prometheus
             if p.field.startswith("spec.autoscaling")]
 
 
+@dataclass(frozen=True)
+class _QueueRead:
+    """What one tick read: the server's pods (its workers left out) sorted, the replicas on their way, the metrics
+    source and its description, and the ready pods' samples."""
+
+    pods: list[dict[str, Any]]
+    groups: PodGroups
+    starting: int
+    """Pods still starting, plus replicas whose pod does not exist yet."""
+    source: MetricsSource
+    described: str
+    """The source in words, for reasons and events."""
+    samples: list[Sample]
+    ready: int
+    """Ready pods, scraped or not."""
+
+
 class Autoscaler:
     """The state of one server's loop (recommendation history) and its tick."""
 
@@ -265,8 +282,43 @@ class Autoscaler:
 
     # ---- the tick
     def tick(self, body: dict[str, Any]) -> TickResult:
+        """One pass of the loop for the server `body` (the module's steps 1 to 5): what it saw and did."""
         now = self.clock()
         body = self._fresher(body)
+        spec = self._checked_spec(body, now)
+        if isinstance(spec, TickResult):
+            return spec
+        a = spec.autoscaling
+        # A server across nodes scales by group: its LeaderWorkerSet's replicas, on its leaders' queues.
+        # With maxNodes the node count is the reconciler's plan's, which its status says.
+        api_version, kind = (builders.LWS_API_VERSION, builders.LWS_KIND) if planned_nodes(body, spec) > 1 \
+            else STATEFULSET
+        sts = self._workload(body, api_version, kind, now)
+        if isinstance(sts, TickResult):
+            return sts
+        current = (sts.get("spec") or {}).get("replicas", 1)
+        read = self._read_queue(body, a, current, now)
+        if isinstance(read, TickResult):
+            return read
+        decision = self._decide(spec, read, current, now)
+
+        result = TickResult(decision=decision, current=current)
+        direction = "hold" if decision.desired == current else ("up" if decision.desired > current else "down")
+        telemetry.record_scaling_decision(self.namespace, self.name, direction)
+        if not decision.hold:  # like AutoscalingLimited, a hold keeps what the last decision said
+            telemetry.record_at_max_replicas(self.namespace, self.name, at_max_replicas(decision))
+        last_scale = (body.get("status") or {}).get("autoscaling", {}).get("lastScaleTime")
+        if decision.desired != current:
+            last_scale = self._scale(body, decision, current, (api_version, kind), read.described, now)
+            result.scaled = True
+        status = self._status(decision, read.samples, last_scale)
+        result.status_written = self._write(body, status, decision, now, read.described)
+        result.next_read = self._next_read(read.samples, decision, a, read.source, now, scaled=result.scaled)
+        return result
+
+    def _checked_spec(self, body: dict[str, Any], now: float) -> Union[api.VLLMServerSpec, TickResult]:
+        """The spec when the operator runs its autoscaling and it is valid; else what the tick did instead (the
+        InvalidSpec report, or nothing)."""
         spec, errors = documents.parse_spec(body.get("spec") or {})
         if spec is None:
             return self._report(body, None, now, "InvalidSpec", "; ".join(errors))
@@ -278,12 +330,13 @@ class Autoscaler:
             problems.append("autoscaling needs workload: StatefulSet")
         if problems:
             return self._report(body, None, now, "InvalidSpec", "; ".join(problems))
+        return spec
 
+    def _workload(self, body: dict[str, Any], api_version: str, kind: str,
+                  now: float) -> Union[dict[str, Any], TickResult]:
+        """Step 1's workload: this server's StatefulSet (or LeaderWorkerSet), from the reader, or from the API
+        server at most every UNCACHED_GET_SECONDS while the reader shows none; else the NoWorkload report."""
         uid = body["metadata"]["uid"]
-        # A server across nodes scales by group: its LeaderWorkerSet's replicas, on its leaders' queues. With
-        # maxNodes the node count is the reconciler's plan's, which its status says.
-        api_version, kind = (builders.LWS_API_VERSION, builders.LWS_KIND) if planned_nodes(body, spec) > 1 \
-            else STATEFULSET
         sts = self.reader.children(self.namespace, self.name, uid, kinds=[(api_version, kind)]).get(
             (kind, self.name))
         if sts is not None:
@@ -298,8 +351,12 @@ class Autoscaler:
         if not controlled_by(sts, uid):
             return self._report(body, None, now, "NoWorkload",
                                 f"{kind} {self.name} is not controlled by this VLLMServer; not touching it")
-        current = (sts.get("spec") or {}).get("replicas", 1)
+        return sts
 
+    def _read_queue(self, body: dict[str, Any], a: api.AutoscalingSpec, current: int,
+                    now: float) -> Union[_QueueRead, TickResult]:
+        """Steps 1 and 2: the server's pods sorted, and the ready ones' queue from the metrics source the spec
+        asks for (or the InvalidSpec report when there is none)."""
         pods = [p for p in self.reader.pods(self.namespace, self.name)  # a group's workers serve no queue
                 if (p["metadata"].get("labels") or {}).get(builders.ROLE_LABEL) != "worker"]
         groups = classify_pods(pods, now)
@@ -311,43 +368,44 @@ class Autoscaler:
         if source is self.sources.pods:
             self.sources.kv_capacity.record(groups.ready, samples)
         ready = len(groups.ready) + len(groups.ready_unscraped)
+        return _QueueRead(pods, groups, starting, source, described, samples, ready)
+
+    def _decide(self, spec: api.VLLMServerSpec, read: _QueueRead, current: int, now: float) -> policy.Decision:
+        """Step 3's decision (policy.decide, or decide_with_zero for minReplicas 0), recorded in the history."""
+        a = spec.autoscaling
         if not self.history:
             # After a (re)start the past window is unknown: count it as a recommendation of the current
             # count made just before the scale-up window, so it delays a scale-down (never on no data)
             # but not a scale-up.
             self.history = [(now - a.scale_up_stabilization_seconds - 0.001, current)]
+        samples, ready, starting = read.samples, read.ready, read.starting
         if a.min_replicas == 0:
             decision = policy.decide_with_zero(samples, current, ready, starting, a, self.history, now,
-                                               self._idle(spec, samples, current, now), slots=max_num_seqs(pods))
+                                               self._idle(spec, samples, current, now), slots=max_num_seqs(read.pods))
         else:
             decision = policy.decide(samples, current, ready, starting, a, self.history, now,
-                                     slots=max_num_seqs(pods))
-        if decision.hold and groups.ready_unscraped:
+                                     slots=max_num_seqs(read.pods))
+        if decision.hold and read.groups.ready_unscraped:
             decision = policy.Decision(decision.desired, decision.reason + f"; ready but not scraped: "
-                                       f"{', '.join(groups.ready_unscraped)}", None, hold=True,
+                                       f"{', '.join(read.groups.ready_unscraped)}", None, hold=True,
                                        code=decision.code, recommendation=decision.recommendation)
         self.history = policy.record(self.history, now, decision, a, a.interval_seconds)
+        return decision
 
-        result = TickResult(decision=decision, current=current)
-        direction = "hold" if decision.desired == current else ("up" if decision.desired > current else "down")
-        telemetry.record_scaling_decision(self.namespace, self.name, direction)
-        if not decision.hold:  # like AutoscalingLimited, a hold keeps what the last decision said
-            telemetry.record_at_max_replicas(self.namespace, self.name, at_max_replicas(decision))
-        last_scale = (body.get("status") or {}).get("autoscaling", {}).get("lastScaleTime")
-        if decision.desired != current:
-            self.kube.apply({"apiVersion": api_version, "kind": kind,
-                             "metadata": {"name": self.name, "namespace": self.namespace},
-                             "spec": {"replicas": decision.desired}}, field_manager=FIELD_MANAGER)
-            result.scaled = True
-            last_scale = _now_iso(now)
-            up = decision.desired > current
-            post_event(self.kube, body, "Normal", "ScaledUp" if up else "ScaledDown",
-                       f"{current} -> {decision.desired} replicas ({described}): {decision.reason}", now)
-            log.info("%s/%s: %s", self.namespace, self.name, decision.reason)
-        status = self._status(decision, samples, last_scale)
-        result.status_written = self._write(body, status, decision, now, described)
-        result.next_read = self._next_read(samples, decision, a, source, now, scaled=result.scaled)
-        return result
+    def _scale(self, body: dict[str, Any], decision: policy.Decision, current: int, workload: tuple[str, str],
+               described: str, now: float) -> str:
+        """Step 3's act: the workload's replicas applied under the autoscaler's field manager, and the
+        ScaledUp/ScaledDown event; the time of the scale, for status.autoscaling.lastScaleTime."""
+        api_version, kind = workload
+        self.kube.apply({"apiVersion": api_version, "kind": kind,
+                         "metadata": {"name": self.name, "namespace": self.namespace},
+                         "spec": {"replicas": decision.desired}}, field_manager=FIELD_MANAGER)
+        last_scale = _now_iso(now)
+        up = decision.desired > current
+        post_event(self.kube, body, "Normal", "ScaledUp" if up else "ScaledDown",
+                   f"{current} -> {decision.desired} replicas ({described}): {decision.reason}", now)
+        log.info("%s/%s: %s", self.namespace, self.name, decision.reason)
+        return last_scale
 
     def _idle(self, spec: api.VLLMServerSpec, samples: list[Sample], current: int, now: float) -> policy.Idle:
         """minReplicas 0: how long every read has been idle, and whether a request found no pod since the last

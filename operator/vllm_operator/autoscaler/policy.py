@@ -23,6 +23,9 @@ The rules, in the order `decide` applies them:
 6. A bounded step: at most max(4, 100%) more replicas per decision (the HPA's default).
 7. Clamp to [minReplicas, maxReplicas]; ``limited`` says the recommendation was cut.
 
+Each rule is one function, in that order: `_bounds_first`, `_missing_data_holds`, `_the_ratio` (with
+`_running_floor`), `_stabilize`, `_capacity_on_the_way`, `_bounded_step` (and `_scale_down` on the way down).
+
 With minReplicas 0 (`decide_with_zero`, docs/scale-to-zero.md), around the rules above:
 
 0. At zero replicas there is no queue to read: a request that found no pod at the endpoint picker (`Idle.woken`)
@@ -111,23 +114,20 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, spec: AutoscalingSpec,
-           history: History, now: float, slots: Optional[int] = None) -> Decision:
-    """The replica count to run now, for a StatefulSet at `current` replicas of which `ready`
-    serve (one sample each, in `samples`) and `starting` are still on their way; `slots` is
-    the requests one replica runs at once (vLLM's --max-num-seqs), when known."""
+def _bounds_first(current: int, spec: AutoscalingSpec) -> Optional[Decision]:
+    """Rule 1: the decision for a count outside [minReplicas, maxReplicas] (the spec changed under us), else None."""
     lo, hi = bounds(spec)
-    target = spec.target_waiting_per_replica
+    if lo <= current <= hi:
+        return None
+    desired = clamp(current, spec)
+    which = f"minReplicas {lo}" if current < lo else f"maxReplicas {hi}"
+    reason = f"{current} replicas is outside [{lo}, {hi}]: set to {which}"
+    return Decision(desired, reason, None, limited=True, code=OUT_OF_BOUNDS, recommendation=desired,
+                    limit_reason=f"at {which}")
 
-    # 1. bounds (the spec changed under us)
-    if current < lo or current > hi:
-        desired = clamp(current, spec)
-        which = f"minReplicas {lo}" if current < lo else f"maxReplicas {hi}"
-        reason = f"{current} replicas is outside [{lo}, {hi}]: set to {which}"
-        return Decision(desired, reason, None, limited=True, code=OUT_OF_BOUNDS, recommendation=desired,
-                        limit_reason=f"at {which}")
 
-    # 2. missing data holds
+def _missing_data_holds(samples: Sequence[Sample], current: int, ready: int, starting: int) -> Optional[Decision]:
+    """Rule 2: the hold at `current` when a ready replica has no good sample (or none is ready), else None."""
     failed = [s for s in samples if not s.ok]
     if ready == 0 or not samples:
         on_way = f" ({_plural(starting, 'replica')} starting)" if starting else ""
@@ -140,8 +140,26 @@ def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, s
         return Decision(current, f"holding {current}: metrics missing for " + "; ".join(what)
                         + " (never scales on missing data)", None, hold=True, code=METRICS_UNAVAILABLE,
                         recommendation=current)
+    return None
 
-    # 3. the ratio
+
+@dataclass(frozen=True)
+class _Reading:
+    """The queue as rule 3 reads it: the average, the recommendation, and the words that say how."""
+
+    avg: float
+    """Requests waiting per ready replica."""
+    recommendation: int
+    """The replica count the queue asks for (after the running floor)."""
+    within: bool
+    """The ratio was within the tolerance (the recommendation is the current count)."""
+    measured: str
+    """The measurement in words, the start of every reason."""
+
+
+def _the_ratio(samples: Sequence[Sample], current: int, ready: int, target: float,
+               slots: Optional[int]) -> _Reading:
+    """Rule 3: the HPA's ratio of waiting per ready replica to the target, floored by the running requests."""
     waiting = sum(s.waiting for s in samples)
     avg = waiting / ready
     ratio = avg / target
@@ -153,15 +171,28 @@ def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, s
     else:
         # ceil(ratio x ready) == ceil(total / target); round first so 6/2 is 3, not 3.0000000001.
         recommendation = math.ceil(round(waiting / target, 9))
-    # 3b. a short queue says capacity suffices, not that fewer replicas would: never go below
+    recommendation, measured = _running_floor(samples, current, slots, recommendation, measured)
+    return _Reading(avg, recommendation, within, measured)
+
+
+def _running_floor(samples: Sequence[Sample], current: int, slots: Optional[int], recommendation: int,
+                   measured: str) -> tuple[int, str]:
+    """Rule 3's floor: the recommendation raised to what the running requests need at `slots` each, and the
+    measurement saying so when it was raised."""
+    # A short queue says capacity suffices, not that fewer replicas would: never go below
     # what the running requests need at `slots` each (it never asks for more than `current`).
     running = sum(s.running for s in samples)
     floor = min(current, math.ceil(round(running / slots, 9))) if slots else 0
     if recommendation < floor:
         recommendation = floor
         measured += f"; the {_num(running)} running need {floor} replicas at --max-num-seqs {slots}"
+    return recommendation, measured
 
-    # 4. stabilization
+
+def _stabilize(recommendation: int, current: int, spec: AutoscalingSpec, history: History,
+               now: float) -> tuple[int, int]:
+    """Rule 4: the stabilized count (the lowest recommendation of the up window when above `current`, the
+    highest of the down window when below), and that highest of the down window."""
     up_window = [r for t, r in history if now - t <= spec.scale_up_stabilization_seconds] + [recommendation]
     down_window = [r for t, r in history if now - t <= spec.scale_down_stabilization_seconds] + [recommendation]
     up, down = min(up_window), max(down_window)
@@ -171,58 +202,104 @@ def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, s
         stabilized = down
     else:
         stabilized = current
+    return stabilized, down
 
-    def result(desired: int, reason: str, code: str, wanted: Optional[int] = None) -> Decision:
-        # `wanted`: what the queue asked for when a bound cut it (None: not cut).
-        limit = ""
-        if wanted is not None and wanted > hi:
-            limit = f"at maxReplicas {hi} (recommendation {wanted})"
-        elif wanted is not None and wanted < lo:
-            limit = f"at minReplicas {lo} (recommendation {wanted})"
-        return Decision(desired, reason, avg, limited=bool(limit), code=code, recommendation=recommendation,
-                        limit_reason=limit)
 
-    if stabilized == current:
-        if recommendation > current == hi:
-            return result(current, f"{measured}: recommends {recommendation}; at maxReplicas {hi}", AT_LIMIT,
-                          recommendation)
-        if recommendation < current == lo:
-            return result(current, f"{measured}: recommends {recommendation}; at minReplicas {lo}", AT_LIMIT,
-                          recommendation)
-        if recommendation > current:
-            return result(current, f"{measured}: recommends {recommendation}, but not for the whole "
-                          f"{spec.scale_up_stabilization_seconds}s scale-up window; keeping {current}", STABILIZING_UP)
-        if recommendation < current:
-            return result(current, f"{measured}: recommends {recommendation}, but {down} within "
-                          f"the last {spec.scale_down_stabilization_seconds}s; keeping {current}", STABILIZING_DOWN)
-        code = WITHIN_TOLERANCE if within else STEADY
-        return result(current, f"{measured}: keeping {current}", code)
+def _decided(reading: _Reading, spec: AutoscalingSpec, desired: int, reason: str, code: str,
+             wanted: Optional[int] = None) -> Decision:
+    """A decision on a full reading; `wanted`: what the queue asked for when a bound cut it (None: not cut)."""
+    lo, hi = bounds(spec)
+    limit = ""
+    if wanted is not None and wanted > hi:
+        limit = f"at maxReplicas {hi} (recommendation {wanted})"
+    elif wanted is not None and wanted < lo:
+        limit = f"at minReplicas {lo} (recommendation {wanted})"
+    return Decision(desired, reason, reading.avg, limited=bool(limit), code=code,
+                    recommendation=reading.recommendation, limit_reason=limit)
 
-    if stabilized > current:
-        if current >= hi:
-            return result(current, f"{measured}: recommends {stabilized}; at maxReplicas {hi}", AT_LIMIT, stabilized)
-        # 5. capacity on the way
-        if starting > 0:
-            return result(current, f"{measured}: recommends {min(stabilized, hi)}, but {_plural(starting, 'replica')} "
-                          f"still starting count as capacity on the way; no further scale-up until "
-                          f"{'it is' if starting == 1 else 'they are'} ready", WAITING_FOR_STARTING)
-        # 6. bounded step, 7. clamp
-        step = max(MIN_SCALE_UP_STEP, math.ceil(current * SCALE_UP_PERCENT / 100))
-        desired = min(stabilized, current + step, hi)
-        why = ""
-        if desired < min(stabilized, hi):
-            why = f" (at most +{step} per decision)"
-        elif stabilized > hi:
-            why = f" (capped at maxReplicas {hi})"
-        return result(desired, f"scale up {current} -> {desired}: {measured}{why}", SCALE_UP,
-                      stabilized if stabilized > hi else None)
 
+def _keep(reading: _Reading, current: int, down: int, spec: AutoscalingSpec) -> Decision:
+    """The decision when stabilization keeps `current`: at a bound, stabilizing, or steady."""
+    lo, hi = bounds(spec)
+    recommendation, measured = reading.recommendation, reading.measured
+    if recommendation > current == hi:
+        return _decided(reading, spec, current, f"{measured}: recommends {recommendation}; at maxReplicas {hi}",
+                        AT_LIMIT, recommendation)
+    if recommendation < current == lo:
+        return _decided(reading, spec, current, f"{measured}: recommends {recommendation}; at minReplicas {lo}",
+                        AT_LIMIT, recommendation)
+    if recommendation > current:
+        return _decided(reading, spec, current, f"{measured}: recommends {recommendation}, but not for the whole "
+                        f"{spec.scale_up_stabilization_seconds}s scale-up window; keeping {current}", STABILIZING_UP)
+    if recommendation < current:
+        return _decided(reading, spec, current, f"{measured}: recommends {recommendation}, but {down} within "
+                        f"the last {spec.scale_down_stabilization_seconds}s; keeping {current}", STABILIZING_DOWN)
+    code = WITHIN_TOLERANCE if reading.within else STEADY
+    return _decided(reading, spec, current, f"{measured}: keeping {current}", code)
+
+
+def _scale_up(reading: _Reading, current: int, stabilized: int, starting: int, spec: AutoscalingSpec) -> Decision:
+    """The decision when stabilization asks for more than `current`: rules 5 to 7."""
+    hi = bounds(spec)[1]
+    measured = reading.measured
+    if current >= hi:
+        return _decided(reading, spec, current, f"{measured}: recommends {stabilized}; at maxReplicas {hi}",
+                        AT_LIMIT, stabilized)
+    if starting > 0:
+        return _capacity_on_the_way(reading, current, stabilized, starting, spec)
+    return _bounded_step(reading, current, stabilized, spec)
+
+
+def _capacity_on_the_way(reading: _Reading, current: int, stabilized: int, starting: int,
+                         spec: AutoscalingSpec) -> Decision:
+    """Rule 5: the hold at `current` while `starting` replicas are still on their way."""
+    hi = bounds(spec)[1]
+    return _decided(reading, spec, current, f"{reading.measured}: recommends {min(stabilized, hi)}, but "
+                    f"{_plural(starting, 'replica')} still starting count as capacity on the way; no further "
+                    f"scale-up until {'it is' if starting == 1 else 'they are'} ready", WAITING_FOR_STARTING)
+
+
+def _bounded_step(reading: _Reading, current: int, stabilized: int, spec: AutoscalingSpec) -> Decision:
+    """Rules 6 and 7: the scale-up, at most max(4, 100%) more replicas, clamped to maxReplicas."""
+    hi = bounds(spec)[1]
+    step = max(MIN_SCALE_UP_STEP, math.ceil(current * SCALE_UP_PERCENT / 100))
+    desired = min(stabilized, current + step, hi)
+    why = ""
+    if desired < min(stabilized, hi):
+        why = f" (at most +{step} per decision)"
+    elif stabilized > hi:
+        why = f" (capped at maxReplicas {hi})"
+    return _decided(reading, spec, desired, f"scale up {current} -> {desired}: {reading.measured}{why}", SCALE_UP,
+                    stabilized if stabilized > hi else None)
+
+
+def _scale_down(reading: _Reading, current: int, stabilized: int, spec: AutoscalingSpec) -> Decision:
+    """Rule 7 on the way down: the scale-down to the stabilized count, clamped to minReplicas."""
+    lo = bounds(spec)[0]
     desired = max(stabilized, lo)
     if desired == current:
-        return result(current, f"{measured}: recommends {stabilized}; at minReplicas {lo}", AT_LIMIT, stabilized)
+        return _decided(reading, spec, current, f"{reading.measured}: recommends {stabilized}; at minReplicas {lo}",
+                        AT_LIMIT, stabilized)
     window = (f" for {spec.scale_down_stabilization_seconds}s" if spec.scale_down_stabilization_seconds else "")
-    return result(desired, f"scale down {current} -> {desired}: {measured}{window}", SCALE_DOWN,
-                  stabilized if stabilized < lo else None)
+    return _decided(reading, spec, desired, f"scale down {current} -> {desired}: {reading.measured}{window}",
+                    SCALE_DOWN, stabilized if stabilized < lo else None)
+
+
+def decide(samples: Sequence[Sample], current: int, ready: int, starting: int, spec: AutoscalingSpec,
+           history: History, now: float, slots: Optional[int] = None) -> Decision:
+    """The replica count to run now, for a StatefulSet at `current` replicas of which `ready`
+    serve (one sample each, in `samples`) and `starting` are still on their way; `slots` is
+    the requests one replica runs at once (vLLM's --max-num-seqs), when known."""
+    early = _bounds_first(current, spec) or _missing_data_holds(samples, current, ready, starting)
+    if early is not None:
+        return early
+    reading = _the_ratio(samples, current, ready, spec.target_waiting_per_replica, slots)
+    stabilized, down = _stabilize(reading.recommendation, current, spec, history, now)
+    if stabilized == current:
+        return _keep(reading, current, down, spec)
+    if stabilized > current:
+        return _scale_up(reading, current, stabilized, starting, spec)
+    return _scale_down(reading, current, stabilized, spec)
 
 
 @dataclass(frozen=True)
