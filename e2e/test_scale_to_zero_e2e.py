@@ -46,10 +46,15 @@ pytestmark = [pytest.mark.apiserver, pytest.mark.vllm]
 NAME = "zero"
 GROUP_PATH = "/apis/vllm-operator.io/v1alpha1"
 IDLE_SECONDS = 10
-#: The stated bound: a request that arrives at zero replicas is served within this many seconds (a vLLM CPU
-#: start of the tiny model on the 2-core test machine, 20-80 s, plus the picker's and autoscaler's reads). It is
-#: the test bed's gateway's hold: a request still unserved then is answered the picker's 503, never dropped.
-WAKE_BOUND_SECONDS = 240
+#: The stated bound: a request that arrives at zero replicas is served within this many seconds on the test bed:
+#: one vLLM CPU start of the tiny model on the 2-core test machine (about 80 s alone, over 4 minutes beside other
+#: sessions' builds and vLLM starts: the allowance every vLLM test here makes for one start) plus the wake-up path.
+#: It is the test bed's gateway's hold: a request still unserved then is answered the picker's 503, never dropped.
+WAKE_BOUND_SECONDS = 420
+#: The wake-up path's own share of that, whatever the machine's load: from the request's arrival to its pod's start
+#: (the picker's count, the autoscaler's tick, the StatefulSet controller, the kubelet) plus from the pod's Ready to
+#: the request served (the picker adding the pod, the gateway's next ask).
+WAKE_PATH_BOUND_SECONDS = 30
 #: A hold shorter than any cold start: what a client behind a gateway (or a retry budget) of a few seconds sees.
 SHORT_HOLD_SECONDS = 3
 SPEC = {
@@ -243,11 +248,13 @@ def test_a_server_scales_to_zero_when_idle_and_back_on_a_request_that_is_served(
         assert codes[-2:] == ["ScaleToZero", "ScaleFromZero"], loop.decisions
         woke_at = loop.decisions[-1][0]
         [pod] = [p for p, t in pods.started.items() if t >= sent]
+        path = (pods.started[pod] - sent) + (sent + answer["seconds"] - pods.ready[pod])
+        assert path <= WAKE_PATH_BOUND_SECONDS, (path, answer, pods.started, pods.ready)
         print(f"held request: served {answer['seconds']:.1f} s after it arrived at zero replicas (held at the "
               f"gateway {answer['held_ms'] / 1000:.1f} s); of which: request to ScaleFromZero "
               f"{woke_at - sent:.1f} s, to the pod's start {pods.started[pod] - sent:.1f} s, vLLM start to Ready "
               f"{pods.ready[pod] - pods.started[pod]:.1f} s, Ready to served "
-              f"{sent + answer['seconds'] - pods.ready[pod]:.1f} s; warm request {warm['seconds']:.2f} s; "
+              f"{sent + answer['seconds'] - pods.ready[pod]:.1f} s (the wake-up path {path:.1f} s); warm request {warm['seconds']:.2f} s; "
               f"no hold: 503 in {at_once['seconds']:.2f} s; a {SHORT_HOLD_SECONDS} s hold: 503 in "
               f"{too_short['seconds']:.1f} s")
     finally:
