@@ -2,58 +2,107 @@
 kube-apiserver, the InferencePool and the endpoint picker's RBAC as the operator builds them, the real endpoint
 picker (cmd/epp of the pinned release) running with the operator's args and config under its ServiceAccount's
 token (so its Role is proved sufficient), and two real vLLM CPU servers as the pool's pods (the fake kubelet starts
-one on each pod's own 127.x address).
+one on each pod's own 127.x address, with the LoRA flags and environment the operator puts in the pod).
+
+The pool is shared by two VLLMServers, as docs/routing.md describes: "chat" owns it (the pool, the picker) and
+serves a LoRA adapter, "chat-b" joins it (inferencePool.poolName: chat) without adapters. Both serve the model name
+"tiny" behind the one pool.
 
 No gateway data plane can be installed here: the test bed's gateway (e2e/testbed/epp.py) plays its part over the
 picker's real ext_proc gRPC interface and forwards each request to the endpoint the picker chose.
 
-The story: with one server loaded (its vLLM queue holds requests) every request through the gateway goes to the
-other one; then the other way round.
+The stories:
+
+- by load: with one server's pod loaded (its vLLM queue holds requests) every request through the gateway goes to
+  the other server's pod; then the other way round (so the route is served by both servers' pods);
+- by adapter: the adapter "sql" is loaded on chat's pod only (by the operator's own adapter sync, through vLLM's
+  runtime endpoint); once vLLM names it in vllm:lora_requests_info, every "sql" request through the gateway goes to
+  that pod, by the picker's lora-affinity-scorer; a second picker with the operator's config for
+  `loraAffinity: 0` (the baseline) sends some of the same requests to chat-b's pod, which answers 404; and with
+  chat's pod loaded, the queue outweighs the affinity (a score, not a filter): the adapter's requests go to chat-b's
+  pod and fail.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from e2e.testbed import epp, vllm_env
+from e2e.testbed import epp, lora_adapters, vllm_env
 from e2e.testbed.controlplane import wait_for
 from e2e.testbed.fakekubelet import FakeKubelet, free_loopback_ips
 from e2e.testbed.loadgen import LoadGenerator
 from e2e.testbed.serviceaccount import service_account_kubeconfig
-from vllm_operator import api, builders, pipeline
+from vllm_operator import adapters, api, builders, pipeline
+from vllm_operator.controller.adapters import AdapterSync, list_adapters
 from vllm_operator.kube.client import Kube
-from vllm_operator.sources.vllm_metrics import parse_vllm_metrics
+from vllm_operator.sources.vllm_metrics import PodRef, parse_vllm_metrics
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.vllm]
 
 POOL = "chat"
+JOINER = "chat-b"
+PODS = ("chat-0", "chat-b-0")   # chat's pod (with the adapter), chat-b's pod (without)
+ADAPTER, ADAPTER_RANK = "sql", 8
 LOAD_TIMEOUT = 420   # one vLLM start on 2 busy cores
 SPEC = {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct", "servedName": "tiny"}, "gpu": {"product": "L4"},
         "routing": {"inferencePool": {"enabled": True}}}
+#: The server that joins chat's pool: the same model name, no adapter.
+JOINER_SPEC = {**SPEC, "routing": {"inferencePool": {"enabled": True, "poolName": POOL}}}
+#: The vLLM flags of the operator's pod that the test bed's vLLM is started with (the rest are the test bed's own:
+#: the tiny model, float32, the pod's address).
+LORA_FLAGS = ("--enable-lora", "--max-loras", "--max-cpu-loras", "--max-lora-rank")
+
+
+def with_adapter(adapter_dir: Path) -> dict[str, Any]:
+    """chat's spec: the pool's owner, serving the tiny adapter "sql" (a path, as a path in the pod's cache would be)."""
+    return {**SPEC, "adapters": [{"name": ADAPTER, "source": str(adapter_dir / ADAPTER), "rank": ADAPTER_RANK}]}
+
+
+def plan_of(namespace: str, spec: dict[str, Any], name: str):
+    plan = pipeline.plan_server(name, namespace, api.VLLMServerSpec.model_validate(spec))
+    assert plan.fits, plan.problems
+    return plan
 
 
 def routing_objects(namespace: str, spec: dict[str, Any] = SPEC, name: str = POOL) -> dict[tuple[str, str], dict]:
     """The routing objects the operator builds for a server (kind, name) -> object, without owner references."""
-    plan = pipeline.plan_server(name, namespace, api.VLLMServerSpec.model_validate(spec))
-    assert plan.fits, plan.problems
-    return {(o["kind"], o["metadata"]["name"]): o for o in builders.build_routing(plan)}
+    return {(o["kind"], o["metadata"]["name"]): o for o in builders.build_routing(plan_of(namespace, spec, name))}
 
 
-def pool_pod(namespace: str, name: str, pool: str) -> dict[str, Any]:
-    """A pod as a VLLMServer's StatefulSet makes it, as far as the pool cares: its labels and port 8000."""
+def pool_pod(namespace: str, pod: str, plan) -> dict[str, Any]:
+    """A pod of the server's StatefulSet, as far as the pool and the test bed's vLLM care: the template's labels
+    (the pool's member label among them), the vLLM container's args and environment, port 8000."""
+    template = builders.pod_template(plan)
+    [vllm] = [c for c in template["spec"]["containers"] if c["name"] == "vllm"]
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": {**builders.labels(name.rsplit("-", 1)[0]), builders.POOL_LABEL: pool}},
-            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.33.0",
+            "metadata": {"name": pod, "namespace": namespace, "labels": template["metadata"]["labels"]},
+            "spec": {"containers": [{"name": "vllm", "image": vllm["image"], "args": vllm["args"],
+                                     "env": [e for e in vllm.get("env", []) if "value" in e],
                                      "ports": [{"name": "http", "containerPort": 8000}]}]}}
+
+
+def lora_flags(pod: client.V1Pod) -> tuple[list[str], dict[str, str]]:
+    """The operator's LoRA flags in the pod's vLLM args, and the runtime-loading variable of its environment."""
+    [container] = pod.spec.containers
+    args, env = list(container.args or []), {e.name: e.value for e in container.env or [] if e.value}
+    extra = []
+    for i, a in enumerate(args):
+        if a == "--enable-lora":
+            extra.append(a)
+        elif a in LORA_FLAGS:
+            extra += [a, args[i + 1]]
+    return extra, ({adapters.RUNTIME_ENV: env[adapters.RUNTIME_ENV]} if adapters.RUNTIME_ENV in env else {})
 
 
 class Servers:
@@ -68,7 +117,8 @@ class Servers:
 
     def on_pod_start(self, pod: client.V1Pod, ip: str) -> bool:
         name = pod.metadata.name
-        server = vllm_env.start_vllm(ip, 8000, max_num_seqs=2, max_model_len=1024,
+        extra, env = lora_flags(pod)
+        server = vllm_env.start_vllm(ip, 8000, max_num_seqs=2, max_model_len=1024, extra_args=extra, env=env,
                                      log_path=self.logdir / f"vllm-{name}.log")
         self.by_pod[name], self.ip[name] = server, ip
         threading.Thread(target=self._ready, args=(name, server), daemon=True).start()
@@ -105,7 +155,11 @@ def bed(control_plane, k8s, tmp_path_factory):
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     wait_for(lambda: core.read_namespaced_service_account("default", namespace), 60, "default ServiceAccount")
     kube = Kube(k8s)
-    objects = routing_objects(namespace)
+    adapter_dir = lora_adapters.adapters_dir()
+    owner = plan_of(namespace, with_adapter(adapter_dir), POOL)
+    joiner = plan_of(namespace, JOINER_SPEC, JOINER)
+    assert builders.build_routing(joiner) == [], "a joining server emits no pool or picker of its own"
+    objects = routing_objects(namespace, with_adapter(adapter_dir))
     for kind in ("ServiceAccount", "Role", "RoleBinding", "InferencePool"):
         [obj] = [o for (k, _), o in objects.items() if k == kind]
         kube.apply(obj)
@@ -116,8 +170,8 @@ def bed(control_plane, k8s, tmp_path_factory):
     kubelet.start()
     picker = gateway = None
     try:
-        for pod in ("chat-0", "chat-1"):
-            kube.apply(pool_pod(namespace, pod, POOL))
+        kube.apply(pool_pod(namespace, "chat-0", owner))
+        kube.apply(pool_pod(namespace, "chat-b-0", joiner))
         deployment = objects[("Deployment", builders.picker_name(POOL))]
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         kubeconfig = service_account_kubeconfig(control_plane, namespace, builders.picker_name(POOL),
@@ -127,7 +181,7 @@ def bed(control_plane, k8s, tmp_path_factory):
         gateway = epp.Gateway(picker, work)
         gateway.wait_listening()
         yield {"namespace": namespace, "servers": servers, "picker": picker, "gateway": gateway,
-               "kubelet": kubelet, "kube": kube}
+               "kubelet": kubelet, "kube": kube, "work": work, "kubeconfig": kubeconfig, "adapter_dir": adapter_dir}
     finally:
         for proc in (gateway, picker):
             if proc is not None:
@@ -142,7 +196,7 @@ def _all_ready(bed) -> None:
     servers = bed["servers"]
     wait_for(lambda: (servers.errors and pytest.fail("; ".join(servers.errors)))
              or (len(bed["kubelet"].running_pods) == 2 and all(
-                 servers.by_pod[p].is_healthy() for p in ("chat-0", "chat-1")) and _picker_sees(bed, 2)),
+                 servers.by_pod[p].is_healthy() for p in PODS) and _picker_sees(bed, 2)),
              LOAD_TIMEOUT + 60, "both vLLM pods Ready and in the picker's pool", interval=2)
 
 
@@ -158,10 +212,11 @@ def _endpoint(bed, pod: str) -> str:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("loaded,idle", [("chat-0", "chat-1"), ("chat-1", "chat-0")])
+@pytest.mark.parametrize("loaded,idle", [("chat-0", "chat-b-0"), ("chat-b-0", "chat-0")])
 def test_picker_routes_to_the_less_loaded_server(bed, loaded, idle):
     """Six clients keep requests in the loaded server's vLLM (two run, the rest wait: vllm:num_requests_waiting);
-    every request through the gateway meanwhile is sent to the other one, by the picker's queue and KV scorers."""
+    every request through the gateway meanwhile is sent to the other one, by the picker's queue and KV scorers.
+    The two pods are two VLLMServers' (the pool's owner and the server that joined it): both serve the route."""
     _all_ready(bed)
     servers, gateway = bed["servers"], bed["gateway"]
     wait_for(lambda: servers.quiet(idle), 120, f"{idle}'s vLLM quiet (no request left from another case)",
@@ -180,3 +235,112 @@ def test_picker_routes_to_the_less_loaded_server(bed, loaded, idle):
         assert chosen == [_endpoint(bed, idle)] * 6, (chosen, _endpoint(bed, loaded))
     finally:
         load.stop()
+
+
+def _lora_series(text: str) -> list[str]:
+    """vLLM's vllm:lora_requests_info series (one per set of running and waiting adapters it has seen)."""
+    return [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]
+
+
+def _complete_direct(bed, pod: str, model: str) -> int:
+    """POST /v1/completions straight to a pod's vLLM (not through the gateway); its status."""
+    body = json.dumps({"model": model, "prompt": "the cat", "max_tokens": 4}).encode()
+    req = urllib.request.Request(f"http://{_endpoint(bed, pod)}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _route_adapter_requests(gateway: epp.Gateway, n: int) -> list[tuple[str, int]]:
+    """n requests for the adapter through a gateway, one at a time: (the endpoint the picker chose, the status).
+    Each prompt starts with fresh random text, shorter than one of the prefix scorer's blocks: no prefix favours a
+    pod."""
+    out = []
+    for i in range(n):
+        answer = gateway.complete(ADAPTER, f"{random.random():.6f} q{i}", max_tokens=2)
+        out.append((answer["endpoint"], answer["status"]))
+    return out
+
+
+@pytest.mark.timeout(900)
+def test_picker_sends_an_adapters_requests_to_the_pod_that_serves_it(bed):
+    """The adapter is loaded on chat's pod only, by the operator's adapter sync (its real code, over vLLM's runtime
+    endpoint); chat-b's pod has none, and answers 404 for it. Once the adapter has served a request on chat-0, vLLM
+    names it in vllm:lora_requests_info (running_lora_adapters="sql"), which the picker (v1.2.0) reads for its
+    lora-affinity-scorer: every "sql" request through the gateway then goes to chat-0 and is served. The baseline:
+    a second picker on the same pool, with the operator's config for `loraAffinity: 0` (the scorer left out), sends
+    some of the same requests to chat-b-0 (its pick among equal pods is random), where they fail with 404. Last,
+    with chat-0's queue held up, the default weights send the adapter's requests to chat-b-0: a 404 each."""
+    _all_ready(bed)
+    servers, namespace = bed["servers"], bed["namespace"]
+    for pod in PODS:
+        wait_for(lambda: servers.quiet(pod), 120, f"{pod}'s vLLM quiet", interval=0.5)
+
+    # 1. the operator's adapter sync loads what chat's spec wants on chat's pod, and nothing on chat-b's
+    source = str(bed["adapter_dir"] / ADAPTER)
+    sync = AdapterSync()
+    try:
+        def loaded() -> bool:
+            [known] = sync.observe(namespace, POOL, [PodRef("chat-0", namespace, servers.ip["chat-0"])],
+                                   {"chat-0": ("uid-chat-0", 0)}, ((ADAPTER, source),))
+            return ADAPTER in (known.listed or ())
+        wait_for(loaded, 180, f"{ADAPTER} loaded on chat-0 by the operator's adapter sync", interval=1)
+    finally:
+        sync.close()
+    assert list_adapters(f"http://{_endpoint(bed, 'chat-b-0')}") == set()
+    assert _complete_direct(bed, "chat-b-0", ADAPTER) == 404, "chat-b-0 cannot serve the adapter"
+
+    # 2. the adapter serves a request on chat-0 (earlier traffic): vLLM names it in vllm:lora_requests_info
+    assert _complete_direct(bed, "chat-0", ADAPTER) == 200
+    series = wait_for(lambda: [s for s in _lora_series(servers.by_pod["chat-0"].metrics_text(timeout=10))
+                               if f'running_lora_adapters="{ADAPTER}"' in s], 30,
+                      "vllm:lora_requests_info naming the adapter", interval=0.5)
+    assert 'max_lora="' in series[0], series
+    # The picker reads every pod's /metrics every refreshMetricsMilliseconds (50) and shows nothing of what it
+    # read: the test gives it 20 reads.
+    time.sleep(20 * 0.05)
+
+    # 3. every adapter request through the gateway goes to chat-0, and is served
+    routed = _route_adapter_requests(bed["gateway"], 10)
+    assert routed == [(_endpoint(bed, "chat-0"), 200)] * 10, routed
+
+    # 4. the baseline: the same pool, the operator's picker config without the lora-affinity-scorer
+    plain = routing_objects(namespace, {**with_adapter(bed["adapter_dir"]),
+                                        "routing": {"inferencePool": {"enabled": True, "picker": {
+                                            "scorers": {"loraAffinity": 0}}}}})
+    [container] = plain[("Deployment", builders.picker_name(POOL))]["spec"]["template"]["spec"]["containers"]
+    assert "lora-affinity-scorer" not in " ".join(container["args"])
+    picker = epp.Picker(container["args"], bed["kubeconfig"], bed["work"] / "picker-no-lora", namespace)
+    gateway = None
+    try:
+        picker.wait_serving()
+        wait_for(lambda: _picker_sees({"picker": picker}, 2), 60, "the baseline picker's pool", interval=0.5)
+        gateway = epp.Gateway(picker, bed["work"])
+        gateway.wait_listening()
+        baseline = _route_adapter_requests(gateway, 12)
+    finally:
+        for proc in (gateway, picker):
+            if proc is not None:
+                proc.stop()
+    to_b = [status for endpoint, status in baseline if endpoint == _endpoint(bed, "chat-b-0")]
+    print(f"lora-affinity-scorer: 10 of 10 adapter requests to the adapter's pod; without it: "
+          f"{len(baseline) - len(to_b)} of {len(baseline)}, the rest answered {sorted(set(to_b))}")
+    assert to_b and set(to_b) == {404}, baseline
+
+    # 5. affinity is a score, not a filter: with chat-0's queue held up, the queue scorer (weight 2) outweighs it
+    # (weight 1) and the adapter's requests go to chat-b-0, which cannot serve them (docs/routing.md says so)
+    load = LoadGenerator(lambda: [f"http://{_endpoint(bed, 'chat-0')}"], concurrency=6, max_requests=5000,
+                         duration=600, max_tokens=900).start()
+    try:
+        wait_for(lambda: servers.waiting("chat-0") >= 2, 180, "requests waiting in chat-0's vLLM", interval=0.5)
+        under_load = []
+        for _ in range(4):
+            assert servers.waiting("chat-0") >= 1, "the load stopped queueing: the step would prove nothing"
+            under_load += _route_adapter_requests(bed["gateway"], 1)
+    finally:
+        load.stop()
+    print(f"with chat-0 loaded: {under_load}")
+    assert under_load == [(_endpoint(bed, "chat-b-0"), 404)] * 4, under_load

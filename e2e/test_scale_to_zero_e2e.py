@@ -7,14 +7,17 @@ read from the local cache).
 
 The picker's metrics are reached on its process's port here (its Service has no data plane on the test bed); in a
 cluster the operator reads the Service (sources/picker_metrics.picker_url). No gateway data plane can be
-installed: the test bed's gateway plays its part over the picker's real ext_proc interface and holds a request
-the picker has no pod for, asking again every half second (docs/scale-to-zero.md says what a client sees with a
-real gateway).
+installed: the test bed's gateway plays its part over the picker's real ext_proc interface. The picker of v1.2.0
+cannot hold a request while its pool has no pod (its director answers 503 before its flow-control queue is
+reached: docs/scale-to-zero.md cites the lines), so the request is held where a real deployment would hold it, at
+the gateway or the client: the test bed's gateway asks the picker again every half second for at most its hold,
+standing in for a gateway's retry policy or a client's retries.
 
 The story: one replica serves; idle for scaleToZero.idleSeconds it goes to zero (Ready=True ScaledToZero);
 a request then arrives at the gateway, the picker answers 503 and counts it, the autoscaler sees the count rise
 and scales to one, the new pod's vLLM starts, the picker adds it to the pool and the held request is served within
-the stated bound.
+the stated bound. While it is held, what clients without that hold see: through a gateway that does not hold, the
+picker's 503 at once; through one that holds for less than the cold start, the 503 once its hold has run out.
 """
 
 from __future__ import annotations
@@ -43,9 +46,17 @@ pytestmark = [pytest.mark.apiserver, pytest.mark.vllm]
 NAME = "zero"
 GROUP_PATH = "/apis/vllm-operator.io/v1alpha1"
 IDLE_SECONDS = 10
-#: The stated bound: a request that arrives at zero replicas is served within this many seconds (a vLLM CPU
-#: start of the tiny model on the 2-core test machine, 20-80 s, plus the picker's and autoscaler's reads).
-WAKE_BOUND_SECONDS = 240
+#: The stated bound: a request that arrives at zero replicas is served within this many seconds on the test bed:
+#: one vLLM CPU start of the tiny model on the 2-core test machine (about 80 s alone, over 4 minutes beside other
+#: sessions' builds and vLLM starts: the allowance every vLLM test here makes for one start) plus the wake-up path.
+#: It is the test bed's gateway's hold: a request still unserved then is answered the picker's 503, never dropped.
+WAKE_BOUND_SECONDS = 420
+#: The wake-up path's own share of that, whatever the machine's load: from the request's arrival to its pod's start
+#: (the picker's count, the autoscaler's tick, the StatefulSet controller, the kubelet) plus from the pod's Ready to
+#: the request served (the picker adding the pod, the gateway's next ask).
+WAKE_PATH_BOUND_SECONDS = 30
+#: A hold shorter than any cold start: what a client behind a gateway (or a retry budget) of a few seconds sees.
+SHORT_HOLD_SECONDS = 3
 SPEC = {
     "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct", "servedName": "tiny"},
     "gpu": {"product": "L4"},
@@ -63,6 +74,7 @@ class ColdPods:
         self.kubelet: Any = None
         self.servers: dict[str, vllm_env.VLLMProcess] = {}
         self.started: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
         self.errors: list[str] = []
 
     def on_pod_start(self, pod, ip: str) -> bool:
@@ -81,6 +93,7 @@ class ColdPods:
         except Exception as e:  # noqa: BLE001 - reported by the test
             self.errors.append(f"{name}: {e}")
             return
+        self.ready[name] = time.monotonic()
         self.kubelet.set_ready(self.namespace, name, True)
 
     def on_pod_stop(self, pod, ip: str, *_: Any) -> None:
@@ -201,14 +214,49 @@ def test_a_server_scales_to_zero_when_idle_and_back_on_a_request_that_is_served(
         before = unserved(picker.metrics_text())
 
         # 3. a request at zero: held at the gateway, wakes a replica, served within the bound
-        answer = gateway.complete("tiny", "wake up", max_tokens=4, timeout=WAKE_BOUND_SECONDS + 30)
-        assert answer["status"] == 200, (answer, loop.decisions[-5:], pods.errors, picker.log_tail())
+        held: dict[str, Any] = {}
+        sent = time.monotonic()
+        waker = threading.Thread(target=lambda: held.update(
+            gateway.complete("tiny", "wake up", max_tokens=4, timeout=WAKE_BOUND_SECONDS + 30)), daemon=True)
+        waker.start()
+        wait_for(lambda: unserved(picker.metrics_text()) > before, 30,
+                 "the picker's 503 for the held request, counted", interval=0.2)
+
+        # 3a. meanwhile, what a client sees without the hold: the picker's 503 at once, saying why
+        others: list[epp.Gateway] = []
+        try:
+            for hold in (0, SHORT_HOLD_SECONDS):
+                others.append(epp.Gateway(picker, tmp_path, hold=hold))
+                others[-1].wait_listening()
+            at_once = others[0].complete("tiny", "no hold", max_tokens=4, timeout=30)
+            # ... and with a hold shorter than the cold start: the same 503, once the hold has run out
+            too_short = others[1].complete("tiny", "short hold", max_tokens=4, timeout=30)
+        finally:
+            for g in others:
+                g.stop()
+        assert at_once["status"] == 503 and at_once["seconds"] < 5, at_once
+        assert "failed to find candidate pods" in str(at_once["answer"]), at_once
+        assert too_short["status"] == 503, too_short
+        assert (SHORT_HOLD_SECONDS - 1) * 1000 <= too_short["held_ms"] <= SHORT_HOLD_SECONDS * 1000 + 500, too_short
+
+        # 3b. the held request: served within the bound (the picker had counted its 503 before the others were sent)
+        waker.join(timeout=WAKE_BOUND_SECONDS + 60)
+        answer = held
+        assert answer.get("status") == 200, (answer, loop.decisions[-5:], pods.errors, picker.log_tail())
         assert answer["seconds"] <= WAKE_BOUND_SECONDS and answer["held_ms"] > 0, answer
-        assert unserved(picker.metrics_text()) > before, "the picker counted the request it had no pod for"
         codes = [code for _, code, _ in loop.decisions]
         assert codes[-2:] == ["ScaleToZero", "ScaleFromZero"], loop.decisions
-        print(f"cold start through the gateway: {answer['seconds']:.1f} s (held {answer['held_ms']} ms); "
-              f"warm request {warm['seconds']:.2f} s")
+        woke_at = loop.decisions[-1][0]
+        [pod] = [p for p, t in pods.started.items() if t >= sent]
+        path = (pods.started[pod] - sent) + (sent + answer["seconds"] - pods.ready[pod])
+        assert path <= WAKE_PATH_BOUND_SECONDS, (path, answer, pods.started, pods.ready)
+        print(f"held request: served {answer['seconds']:.1f} s after it arrived at zero replicas (held at the "
+              f"gateway {answer['held_ms'] / 1000:.1f} s); of which: request to ScaleFromZero "
+              f"{woke_at - sent:.1f} s, to the pod's start {pods.started[pod] - sent:.1f} s, vLLM start to Ready "
+              f"{pods.ready[pod] - pods.started[pod]:.1f} s, Ready to served "
+              f"{sent + answer['seconds'] - pods.ready[pod]:.1f} s (the wake-up path {path:.1f} s); warm request {warm['seconds']:.2f} s; "
+              f"no hold: 503 in {at_once['seconds']:.2f} s; a {SHORT_HOLD_SECONDS} s hold: 503 in "
+              f"{too_short['seconds']:.1f} s")
     finally:
         if loop is not None:
             loop.stop.set()

@@ -162,8 +162,9 @@ class Gateway(Process):
     def __init__(self, picker: Picker, workdir: Path, hold: float = 0, tls: bool = True):
         self.port = free_port()
         binary = ensure_built() / "bin" / "gateway"
+        # its deadline for one request (300 s by default) above the hold, or a long hold ends in its 502
         cmd = [str(binary), "-listen", f"127.0.0.1:{self.port}", "-picker", f"127.0.0.1:{picker.grpc_port}",
-               "-hold", f"{hold}s", f"-tls={'true' if tls else 'false'}"]
+               "-hold", f"{hold}s", "-timeout", f"{max(300, hold + 120)}s", f"-tls={'true' if tls else 'false'}"]
         super().__init__(cmd, workdir / f"gateway-{self.port}.log")
         self.url = f"http://127.0.0.1:{self.port}"
 

@@ -95,6 +95,20 @@ def test_the_picker_reads_vllms_metric_names_of_the_images_release():
     assert builders.picker_metrics("0.33.0")["kv-cache-usage-percentage-metric"] == "vllm:kv_cache_usage_perc"
 
 
+def test_the_pickers_flow_control_layer_stays_off_and_its_lora_scorer_reads_vllms_adapter_metric():
+    """docs/scale-to-zero.md: v1.2.0's flow-control queue is never reached by a request that finds no pod (and its
+    TTL cannot be configured), so the operator leaves its gate off, by config and by the deprecated variable;
+    docs/routing.md: the lora-affinity-scorer reads vllm:lora_requests_info."""
+    objects = build(POOL_ON)
+    flags = picker_flags(objects)
+    config = yaml.safe_load(flags["--config-text"])
+    assert "featureGates" not in config and "flowControl" not in flags["--config-text"]
+    [container] = objects[("Deployment", "chat-epp")]["spec"]["template"]["spec"]["containers"]
+    assert "ENABLE_EXPERIMENTAL_FLOW_CONTROL_LAYER" not in {e["name"] for e in container.get("env", [])}
+    assert flags["--lora-info-metric"] == "vllm:lora_requests_info"
+    assert builders.picker_metrics("0.9.2")["lora-info-metric"] == "vllm:lora_requests_info"
+
+
 def test_a_server_joining_another_pool_labels_its_pods_and_emits_no_pool_or_picker():
     objects = build({"routing": {"inferencePool": {"enabled": True, "poolName": "shared"}}}, name="chat-b")
     assert objects[("StatefulSet", "chat-b")]["spec"]["template"]["metadata"]["labels"][builders.POOL_LABEL] == \
