@@ -29,7 +29,7 @@ PACKAGE = ROOT / "operator" / "vllm_operator"
 LAYERS: dict[str, str] = {
     "": "core", "api": "core", "catalog": "core", "planner": "core", "validation": "core",
     "builders": "core", "escape_hatches": "core", "podsecurity": "core", "strategic_merge": "core",
-    "conditions": "core", "documents": "core", "bounds": "core",
+    "conditions": "core", "server_status": "core", "documents": "core", "bounds": "core",
     "urlpolicy": "core", "vllm_flags": "core", "crd": "core", "adapters": "core",
     "sources": "sources", "pipeline": "sources", "chattemplate": "sources",
     "kube": "runtime", "telemetry": "runtime", "informers": "runtime", "kopfext": "runtime",

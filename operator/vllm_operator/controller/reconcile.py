@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import adapters as lora, api, bounds, builders, chattemplate, documents, pipeline, planner, podsecurity
+from .. import api, bounds, builders, chattemplate, documents, pipeline, planner, podsecurity, server_status
 from . import adapters, failures, kvcapacity, replan
 from .pod_admission import PodAdmission
 from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
@@ -27,18 +27,14 @@ from ..kube import apierrors, events
 from ..sources import model_facts, vllm_metrics
 from ..autoscaler import ownership
 from ..informers.reader import DirectReader, Reader, controlled_by
-from ..conditions import EXTRA_ARGS_UNCHECKED, Conditions, condition, extra_args_unchecked
+from ..conditions import Conditions, extra_args_unchecked
+# Re-exported for callers of this module from before the pure status module (server_status.py) was split off.
+from ..server_status import OWN_CONDITIONS, OWN_FIELDS, pod_templates, workload_progress  # noqa: F401
 from ..kube.client import ApiError, Kube
 from ..urlpolicy import URLPolicy
 
 log = logging.getLogger("vllm_operator.controller.reconcile")
 
-#: Status fields this reconciler owns (server-side apply on /status under its field manager);
-#: the autoscaler owns status.autoscaling and its own conditions under another manager.
-OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
-              "kvCapacity", "adapters", "servedModels", "chatTemplate")
-OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
-                  "PlanOutdated", EXTRA_ARGS_UNCHECKED, "AdaptersReady", "Routing")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 #: The kinds that run the pods: a server's one workload.
 WORKLOAD_KINDS = ("StatefulSet", "DaemonSet", builders.LWS_KIND)
@@ -53,8 +49,6 @@ NAME_CONFLICT = "NameConflict"
 #: Degraded reasons that mean "nothing new was applied": each gets a Warning Event when it appears or its message
 #: changes.
 BLOCKED_REASONS = (NAME_CONFLICT, apierrors.API_REJECTED)
-#: Status fields an invalid spec leaves as they are: what the last valid spec deployed still serves.
-KEPT_WHILE_INVALID = ("selector", "endpoint", "plan", "kvCapacity", "adapters", "servedModels")
 
 
 #: The Routing condition's reason where the cluster lacks the Inference Extension's or Gateway API's CRDs.
@@ -63,12 +57,6 @@ ROUTING_NOT_INSTALLED = "RoutingAPINotInstalled"
 ROUTING_KINDS = [("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
                  ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("apps/v1", "Deployment"),
                  (builders.POOL_API_VERSION, "InferencePool"), (builders.ROUTE_API_VERSION, "HTTPRoute")]
-
-
-def idles_to_zero(spec: api.VLLMServerSpec) -> bool:
-    """An autoscaled StatefulSet that may go to zero when idle (and comes back on a request)."""
-    a = spec.autoscaling
-    return a.enabled and a.min_replicas == 0 and spec.workload == "StatefulSet"
 
 
 def routing_names(pool: str) -> set[tuple[str, str]]:
@@ -94,35 +82,6 @@ def utcnow() -> str:
 
 
 # --------------------------------------------------------------------------- pure helpers
-def kstatus_reconciling(conditions: Conditions) -> None:
-    """Reconciling=True while a rollout replaces pods that already serve (Ready=True and Progressing=True, the
-    rollout's reason and message), absent otherwise. kstatus (Flux, kpt, cli-utils) knows no Progressing and reads
-    Ready=True as Current: without it a rollout would pass Flux's health check before any pod runs the new spec.
-    Ready=False already reads as InProgress with Ready's message (what keeps the replicas from serving), and
-    Stalled=True (Failed) wins: kstatus takes whichever of the two comes first, so never both."""
-    progressing = conditions.true("Progressing")
-    if progressing is None or conditions.true("Ready") is None or conditions.true("Stalled") is not None:
-        conditions.remove("Reconciling")
-    else:
-        conditions.set("Reconciling", "True", progressing.reason, progressing.message)
-
-
-def own_status(status: dict[str, Any]) -> dict[str, Any]:
-    """The part of a live status this reconciler owns, to compare with what it would write."""
-    out = {k: status[k] for k in OWN_FIELDS if k in status}
-    if "conditions" in out:
-        out["conditions"] = [c for c in out["conditions"] if c.get("type") in OWN_CONDITIONS]
-    return out
-
-
-def degraded_condition(trouble: Optional[failures.Failure]) -> tuple[str, str, str]:
-    """Degraded's (status, reason, message): True with the failure's own reason (failures.py); a failure that
-    is only waiting (a node being added) is not one."""
-    if trouble is None or trouble.waiting:
-        return "False", "AsExpected", "no pod is failing"
-    return "True", trouble.reason, trouble.message
-
-
 def immutable_claims_refused(error: ApiError) -> bool:
     """Whether the API server refused a StatefulSet update for its volumeClaimTemplates (immutable). Kubernetes
     1.37 says "spec.volumeClaimTemplates: Invalid value: ...: field is immutable"; releases before declarative
@@ -151,40 +110,6 @@ class Refusal:
     message: str
     attempts: int
     not_before: float
-
-
-def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """Desired/ready/updated counts of the StatefulSet, DaemonSet or LeaderWorkerSet (groups) and whether it has
-    settled."""
-    if workload is None:
-        return {"desired": 0, "ready": 0, "updated": 0, "settled": False}
-    st = workload.get("status") or {}
-    gen_ok = st.get("observedGeneration", 0) >= workload["metadata"].get("generation", 0)
-    if workload["kind"] == "StatefulSet":
-        desired = workload["spec"].get("replicas", 1)
-        ready = st.get("readyReplicas", 0)
-        updated = st.get("updatedReplicas", 0)
-        revision_ok = st.get("currentRevision") == st.get("updateRevision") or updated >= desired
-        settled = gen_ok and ready >= desired and updated >= desired and revision_ok and st.get("replicas", 0) == desired
-    elif workload["kind"] == builders.LWS_KIND:  # counted in groups: a group is ready when all its pods are
-        desired = workload["spec"].get("replicas", 1)
-        ready = st.get("readyReplicas", 0)
-        updated = st.get("updatedReplicas", 0)
-        settled = gen_ok and ready >= desired and updated >= desired and st.get("replicas", 0) == desired
-    else:
-        desired = st.get("desiredNumberScheduled", 0)
-        ready = st.get("numberReady", 0)
-        updated = st.get("updatedNumberScheduled", 0)
-        settled = gen_ok and ready >= desired and updated >= desired
-    return {"desired": desired, "ready": ready, "updated": updated, "settled": settled}
-
-
-def pod_templates(workload: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pod templates of a workload: a LeaderWorkerSet's leader and worker, another kind's one."""
-    if workload["kind"] == builders.LWS_KIND:
-        group = workload["spec"]["leaderWorkerTemplate"]
-        return [t for t in (group.get("leaderTemplate"), group.get("workerTemplate")) if t]
-    return [workload["spec"]["template"]]
 
 
 def lws_missing_message(spec: api.VLLMServerSpec) -> str:
@@ -422,36 +347,14 @@ class Reconciler:
 
     def _keep_last_valid(self, run: Pass) -> api.VLLMServerStatus:
         """An invalid spec: nothing new is applied, the children of the last valid spec keep serving, and the
-        status says why (SpecValid, Degraded and Stalled False/True with the reason)."""
+        status says why (server_status.invalid_spec)."""
         run.result.valid = False
-        message = bounds.message("; ".join(run.errors))
-        old_valid = condition(run.status, "SpecValid")
-        run.conditions.set("SpecValid", "False", run.reason, message)
-        if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
-            run.result.events.append(("Warning", run.reason, message))
         live = self._live_children(run.namespace, run.name, run.uid)
         workload = next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
-        progress = workload_progress(workload)
-        serving = ("the last valid version keeps running" if workload is not None
-                   else "nothing has been deployed")  # a new object never had a valid version
-        run.conditions.set("Degraded", "True", run.reason, f"the spec cannot be deployed; {serving}: {message}")
-        self._ready_conditions(run, progress, workload, stalled=True)
-        # Ready's reason is the cause (the Reason column of kubectl get): its status still counts the replicas of
-        # the last valid version, if any.
-        ready = run.conditions.get("Ready")
-        if workload is None:
-            run.conditions.set("Ready", "False", run.reason, "the spec cannot be deployed: " + message)
-        elif ready is not None:
-            run.conditions.set("Ready", ready.status, run.reason, f"{ready.message}; the last valid version "
-                               f"keeps running, this spec cannot be deployed: {message}")
-        # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
-        # waiting out its timeout on Ready=False; present while the spec is invalid or Degraded is True.
-        run.conditions.set("Stalled", "True", run.reason, message)
-        kept = api.VLLMServerStatus.from_live({k: run.status[k] for k in KEPT_WHILE_INVALID if k in run.status})
-        return api.VLLMServerStatus(observed_generation=run.generation, replicas=progress["desired"],
-                                    ready_replicas=progress["ready"], selector=kept.selector,
-                                    endpoint=kept.endpoint, plan=kept.plan, kv_capacity=kept.kv_capacity,
-                                    adapters=kept.adapters, served_models=kept.served_models)
+        status, events = server_status.invalid_spec(run.conditions, run.status, run.errors, run.reason, workload,
+                                                     run.spec)
+        run.result.events += events
+        return status
 
     def _deploy(self, run: Pass) -> api.VLLMServerStatus:
         """A valid spec: apply what is not live yet, prune what is no longer wanted, and read how the workload and
@@ -476,37 +379,31 @@ class Reconciler:
         if run.result.applied:
             run.result.events.append(("Normal", "Applied", f"applied {', '.join(run.result.applied)}; vllm serve "
                                       + " ".join(run.plan.args)))
-        progress = workload_progress(workload)
+        progress = server_status.workload_progress(workload)
         pods = self.reader.pods(run.namespace, run.name)
         trouble = self._pod_failure(run, workload, progress, pods)
-        self._health_conditions(run, progress, workload, trouble, blocked)
-        self._plan_outdated(run)
-        serves = not (blocked and workload is None)  # nothing of ours serves: no endpoint to advertise (it may be theirs)
-        plan = api.PlanStatus.model_validate(run.plan.status())
-        if run.result.outdated is not None and "plan" in run.status:
-            plan = api.PlanStatus.from_live(run.status["plan"])  # the plan the running pods were deployed with
+        server_status.health_conditions(run.conditions, progress, workload, run.spec, trouble, blocked)
+        outdated = run.result.outdated
+        run.result.events += server_status.plan_outdated(run.conditions,
+                                                         None if outdated is None else replan.message(outdated))
         rows, served = self._adapters(run, pods)
-        return api.VLLMServerStatus(
-            observed_generation=run.generation, replicas=progress["desired"], ready_replicas=progress["ready"],
-            selector=builders.selector_string(run.name) if serves else None,
-            endpoint=f"http://{run.name}.{run.namespace}.svc:{builders.PORT}/v1" if serves else None,
-            plan=plan, kv_capacity=self._kv_capacity(run, pods), adapters=rows, served_models=served)
+        return server_status.deployed(run.name, run.namespace, run.conditions, progress, run.plan, live=run.status,
+                                      outdated=outdated is not None,
+                                      serves=not (blocked and workload is None),  # else no endpoint: it may be theirs
+                                      kv_capacity=self._kv_capacity(run, pods), adapters=rows, served_models=served)
 
     def _report(self, run: Pass, status: api.VLLMServerStatus) -> None:
         """The conditions this reconciler owns into the status, which is written when it changed; the Events of
         Ready and Degraded transitions; the autoscaler's status cleared when autoscaling is off."""
-        kstatus_reconciling(run.conditions)
-        status.conditions = run.conditions.only(OWN_CONDITIONS)
-        status.chat_template = run.template
-        new_status = bounds.bounded_status(status.wire())
-        result = run.result
-        ready_condition = condition(new_status, "Ready")
-        result.ready = ready_condition is not None and ready_condition["status"] == "True"
+        report = server_status.report(status, run.conditions, run.status, chat_template=run.template,
+                                      failure_reasons=failures.REASONS, blocked_reasons=BLOCKED_REASONS)
+        result, new_status = run.result, report.status
+        result.ready = report.ready
         result.replicas, result.ready_replicas = new_status["replicas"], new_status["readyReplicas"]
-        self._transition_events(run.status, new_status["conditions"], result)
-        if new_status != own_status(run.status):
+        result.events += report.events
+        if report.changed:
             if log.isEnabledFor(logging.DEBUG):
-                old_own = own_status(run.status)
+                old_own = server_status.own_status(run.status)
                 log.debug("status of %s/%s changed: %s", run.namespace, run.name,
                           sorted(k for k in new_status if new_status.get(k) != old_own.get(k)))
             self.write_status(run.body, new_status)
@@ -515,31 +412,6 @@ class Reconciler:
             ownership.clear_status(self.kube, run.body)  # autoscaling is off: its last decision no longer applies
 
     # ---- pieces
-    def _health_conditions(self, run: Pass, progress: dict[str, Any], workload: Optional[dict[str, Any]],
-                           trouble: Optional[failures.Failure], blocked: Optional[tuple[str, str]]) -> None:
-        """Degraded (and Stalled with it), then Ready and Progressing."""
-        degraded = ("True", *blocked) if blocked else degraded_condition(trouble)
-        run.conditions.set("Degraded", *degraded)
-        if degraded[0] == "True":
-            # kstatus (Flux, kpt, cli-utils) knows no Degraded: Stalled=True makes it report the failure
-            # (a crash loop, an image it cannot pull, a name taken) instead of InProgress until its timeout.
-            # Updated in place, never dropped and re-added: its lastTransitionTime stays, a resync writes nothing.
-            run.conditions.set("Stalled", "True", degraded[1], degraded[2])
-        else:
-            run.conditions.remove("Stalled")
-        self._ready_conditions(run, progress, workload, trouble=trouble, blocked=blocked)
-
-    def _plan_outdated(self, run: Pass) -> None:
-        """PlanOutdated=True naming what a re-plan would change, while the workload keeps its plan (replan.py)."""
-        if run.result.outdated is None:
-            run.conditions.remove("PlanOutdated")
-            return
-        message = bounds.message(replan.message(run.result.outdated))
-        old = run.conditions.get("PlanOutdated")
-        if old is None or old.message != message:
-            run.result.events.append(("Normal", "PlanOutdated", message))
-        run.conditions.set("PlanOutdated", "True", "PlanChanged", message)
-
     def _kv_capacity(self, run: Pass, pods: list[dict[str, Any]]) -> Optional[api.KVCapacityStatus]:
         """status.kvCapacity (the plan's KV cache tokens beside what vLLM allocated on the ready pods) and a
         Warning event when the measurement falls materially below the plan."""
@@ -569,17 +441,9 @@ class Reconciler:
         wanted = tuple((a.name, a.source) for a in spec.adapters)
         refs = vllm_metrics.ready_pods(pods)
         known = self.adapter_sync.observe(run.namespace, run.name, refs, adapters.incarnations(pods), wanted)
-        rows = lora.adapter_rows([a.name for a in spec.adapters], known)
-        previous = {r.get("name"): r.get("lastError") for r in run.status.get("adapters") or [] if isinstance(r, dict)}
-        sources = {a.name: a.source for a in spec.adapters}
-        for row in rows:
-            if row.get("lastError") and row["lastError"] != previous.get(row["name"]):
-                run.result.events.append(("Warning", "AdapterLoadFailed", f"adapter {row['name']} "
-                                          f"({sources[row['name']]}) did not load on {row['lastError']}; the model "
-                                          "and the other adapters keep serving"))
-        run.conditions.set("AdaptersReady", *lora.condition(rows))
-        return ([api.AdapterStatus.model_validate(r) for r in rows],
-                lora.served_models(spec.model.served_name or spec.model.name, rows))
+        rows, served, events = server_status.adapter_status(run.conditions, spec, known, run.status)
+        run.result.events += events
+        return rows, served
 
     def _names_taken(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
                      uid: str) -> list[dict[str, Any]]:
@@ -674,7 +538,7 @@ class Reconciler:
         level = podsecurity.enforced_level(self.namespace_labels(namespace))
         for obj in desired:
             if obj["kind"] in WORKLOAD_KINDS:
-                for template in pod_templates(obj):  # a LeaderWorkerSet's leader and worker
+                for template in server_status.pod_templates(obj):  # a LeaderWorkerSet's leader and worker
                     found = podsecurity.violations(template["spec"], level,
                                                    template["metadata"].get("annotations"))
                     if found:
@@ -780,73 +644,6 @@ class Reconciler:
             except ApiError as e:
                 log.warning("could not read the Events of %s/%s: %s", run.namespace, workload["metadata"]["name"], e)
         return failures.classify(pods, found, workload=workload, now=run.now)
-
-    def _ready_conditions(self, run: Pass, progress: dict[str, Any], workload: Optional[dict[str, Any]],
-                          stalled: bool = False, trouble: Optional[failures.Failure] = None,
-                          blocked: Optional[tuple[str, str]] = None) -> None:
-        """Ready (are the replicas serving, and if not, why) and Progressing (is the workload rolling out)."""
-        conditions = run.conditions
-        desired, ready = progress["desired"], progress["ready"]
-        if workload is None and blocked is not None:  # nothing applied: a name conflict or a refused apply
-            conditions.set("Ready", "False", *blocked)
-            conditions.set("Progressing", "False", *blocked)
-            return
-        if workload is None:
-            conditions.set("Ready", "False", "NoWorkload", "no workload has been created")
-            conditions.set("Progressing", "False" if stalled else "True", run.reason if stalled else "Creating",
-                           "waiting for a valid spec" if stalled else "creating the workload")
-            return
-        unit = "groups" if workload["kind"] == builders.LWS_KIND else "replicas"  # a group is a replica of nodes
-        if desired == 0 and workload["kind"] == "DaemonSet":
-            # A DaemonSet's count is the nodes it matches: zero is not a choice but a cluster that has
-            # no such node (a GPU product label that no node carries, a taint not tolerated).
-            if progress["settled"]:
-                ready_c = ("False", "NoMatchingNodes",
-                           "the DaemonSet runs on no node: no schedulable node matches its node selector "
-                           + (builders.node_requirements_text(workload["spec"]["template"]["spec"]) or "(none)")
-                           + " and tolerates its taints (check spec.gpu.product, spec.nodeSelector, "
-                           "spec.tolerations)")
-            else:
-                ready_c = ("False", "NoReplicasReady", "waiting for the DaemonSet controller to count the nodes")
-        elif desired == 0 and run.spec is not None and idles_to_zero(run.spec):
-            ready_c = ("True", "ScaledToZero", f"idle: scaled to zero after "
-                       f"{run.spec.autoscaling.scale_to_zero.idle_seconds}s without a request; the next request "
-                       "wakes a replica (docs/scale-to-zero.md)")
-        elif desired == 0:
-            ready_c = ("True", "ScaledToZero", "no replicas requested")
-        elif ready >= desired:
-            ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} {unit} ready")
-        elif ready > 0:
-            ready_c = ("False", "PartiallyReady", f"{ready}/{desired} {unit} ready")
-        elif trouble is not None:  # named: what keeps every replica from serving
-            ready_c = ("False", trouble.reason, f"0/{desired} {unit} ready: {trouble.message}")
-        else:
-            ready_c = ("False", "NoReplicasReady", f"0/{desired} {unit} ready (models load for minutes)")
-        conditions.set("Ready", *ready_c)
-        if progress["settled"]:
-            prog = ("False", "Stable", f"{workload['kind']} is up to date")
-        else:
-            prog = ("True", "RollingOut", f"{workload['kind']}: {progress['updated']}/{desired} updated, "
-                    f"{ready}/{desired} ready")
-        conditions.set("Progressing", *prog)
-
-    def _transition_events(self, old_status: dict, conditions: list[dict], result: Result) -> None:
-        """An Event when Ready changes, and one when pods start failing or fail for another reason (the
-        Event's reason is the failure's: OOMKilled, FailedCreate, ...)."""
-        old = {c["type"]: c for c in old_status.get("conditions") or []}
-        was = {t: c.get("status") for t, c in old.items()}
-        for c in conditions:
-            if c["type"] == "Ready" and was.get("Ready") != c["status"] and not (
-                    was.get("Ready") is None and c["status"] == "False"):
-                result.events.append(("Normal" if c["status"] == "True" else "Warning",
-                                      "Ready" if c["status"] == "True" else "NotReady", c["message"]))
-            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] in failures.REASONS and (
-                    was.get("Degraded") != "True" or old["Degraded"].get("reason") != c["reason"]):
-                result.events.append(("Warning", c["reason"], c["message"]))
-            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] in BLOCKED_REASONS and (
-                    was.get("Degraded") != "True" or old["Degraded"].get("reason") != c["reason"]
-                    or old["Degraded"].get("message") != c["message"]):
-                result.events.append(("Warning", c["reason"], c["message"]))
 
     def _replace_immutable(self, obj: dict[str, Any], error: ApiError, uid: str) -> bool:
         """A StatefulSet whose immutable fields (volumeClaimTemplates: spec.cache) must change: delete it
