@@ -1,4 +1,6 @@
-"""Reconcile one VLLMServer: plan, apply the children with server-side apply, prune, report status.
+"""Reconcile one VLLMServer: plan, apply the children with server-side apply, prune, report status. This module
+is the entry and its steps; applying and pruning the children is apply.py's (mixed into the Reconciler), what the
+status says and which Events it emits is server_status.py's (pure).
 
 Level-based and idempotent: every call reads the current object and its children and
 converges them on what the spec wants, whatever happened before (operator restarts,
@@ -22,11 +24,14 @@ from typing import Any, Callable, Optional, Union
 from .. import api, bounds, builders, chattemplate, documents, pipeline, planner, podsecurity, server_status
 from . import adapters, failures, kvcapacity, replan
 from .pod_admission import PodAdmission
-from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
-from ..kube import apierrors, events
+from .apply import BLOCKED_REASONS, NAME_CONFLICT, WORKLOAD_KINDS, Applier, Refusal, name_conflict_message
+# Re-exported for callers of this module from before apply.py was split off.
+from .apply import immutable_claims_refused  # noqa: F401
+from .drift import with_hash
+from ..kube import events
 from ..sources import model_facts, vllm_metrics
 from ..autoscaler import ownership
-from ..informers.reader import DirectReader, Reader, controlled_by
+from ..informers.reader import DirectReader, Reader
 from ..conditions import Conditions, extra_args_unchecked
 # Re-exported for callers of this module from before the pure status module (server_status.py) was split off.
 from ..server_status import OWN_CONDITIONS, OWN_FIELDS, pod_templates, workload_progress  # noqa: F401
@@ -36,19 +41,12 @@ from ..urlpolicy import URLPolicy
 log = logging.getLogger("vllm_operator.controller.reconcile")
 
 KEDA_API_VERSION = "keda.sh/v1alpha1"
-#: The kinds that run the pods: a server's one workload.
-WORKLOAD_KINDS = ("StatefulSet", "DaemonSet", builders.LWS_KIND)
 LWS_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
 #: How long a namespace's labels (its Pod Security level) are trusted: a no-op resync reads none.
 NAMESPACE_TTL_SECONDS = 300.0
 COMPONENT = "vllm-operator"
-#: The Degraded reason when a child's name is taken by an object this server does not control (never adopted).
-NAME_CONFLICT = "NameConflict"
-#: Degraded reasons that mean "nothing new was applied": each gets a Warning Event when it appears or its message
-#: changes.
-BLOCKED_REASONS = (NAME_CONFLICT, apierrors.API_REJECTED)
 
 
 #: The Routing condition's reason where the cluster lacks the Inference Extension's or Gateway API's CRDs.
@@ -82,36 +80,6 @@ def utcnow() -> str:
 
 
 # --------------------------------------------------------------------------- pure helpers
-def immutable_claims_refused(error: ApiError) -> bool:
-    """Whether the API server refused a StatefulSet update for its volumeClaimTemplates (immutable). Kubernetes
-    1.37 says "spec.volumeClaimTemplates: Invalid value: ...: field is immutable"; releases before declarative
-    validation said "spec: Forbidden: updates to statefulset spec for fields other than ... are forbidden"."""
-    if error.status != 422:
-        return False
-    message = error.message
-    return ("volumeClaimTemplates" in message and "immutable" in message) or "updates to statefulset spec" in message
-
-
-def name_conflict_message(taken: list[dict[str, Any]], server: str) -> str:
-    names = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in taken)
-    return (f"{names} already exist{'s' if len(taken) == 1 else ''} in this namespace and "
-            f"{'is' if len(taken) == 1 else 'are'} not controlled by this VLLMServer; the operator never takes over "
-            f"an object it did not create, so nothing was applied: rename the VLLMServer (or remove the other "
-            f"object{'s' if len(taken) > 1 else ''} if it is not in use); {server!r} names the client Service, "
-            "the workload and the PodDisruptionBudget")
-
-
-@dataclass
-class Refusal:
-    """The API server refused to apply this object (apierrors.REJECTED): sent again only after `not_before`,
-    unless what would be sent changes."""
-
-    digest: str
-    message: str
-    attempts: int
-    not_before: float
-
-
 def lws_missing_message(spec: api.VLLMServerSpec) -> str:
     return (f"spec.nodes {spec.nodes} runs each replica as a group of {spec.nodes} pods on a LeaderWorkerSet, but "
             f"this cluster does not serve {builders.LWS_API_VERSION} LeaderWorkerSets: install LeaderWorkerSet "
@@ -181,7 +149,7 @@ class Pass:
 
 
 @dataclass
-class Reconciler:
+class Reconciler(Applier):
     kube: Kube
     #: The Hub models outside the catalog are looked up on (hub.py); None: none.
     hf_endpoint: Optional[str] = None
@@ -441,96 +409,9 @@ class Reconciler:
         wanted = tuple((a.name, a.source) for a in spec.adapters)
         refs = vllm_metrics.ready_pods(pods)
         known = self.adapter_sync.observe(run.namespace, run.name, refs, adapters.incarnations(pods), wanted)
-        rows, served, events = server_status.adapter_status(run.conditions, spec, known, run.status)
-        run.result.events += events
+        rows, served, failed = server_status.adapter_status(run.conditions, spec, known, run.status)
+        run.result.events += failed
         return rows, served
-
-    def _names_taken(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
-                     uid: str) -> list[dict[str, Any]]:
-        """The wanted children whose name is taken by an object this server does not control. Only a child not
-        seen as ours is looked up (one GET): a no-op resync sends no request."""
-        taken = []
-        for obj in desired:
-            meta = obj["metadata"]
-            if (obj["kind"], meta["name"]) in live:
-                continue
-            existing = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-            if existing is not None and not controlled_by(existing, uid):
-                existing.setdefault("kind", obj["kind"])
-                taken.append(existing)
-        return taken
-
-    def _apply_children(self, run: Pass, live: dict[tuple[str, str], dict[str, Any]]
-                        ) -> tuple[Optional[dict[str, Any]], Optional[tuple[str, str]]]:
-        """Apply what is not live yet, in order; the workload as applied (or live), and (reason, message) when the
-        API server refused a child (the later ones are not sent). Seen children are removed from `live`: what
-        stays there is no longer wanted."""
-        body, spec, result = run.body, run.spec, run.result
-        assert spec is not None
-        meta = body["metadata"]
-        key = (meta["namespace"], meta["name"])
-        workload = None
-        for obj in run.desired:
-            current = live.pop((obj["kind"], obj["metadata"]["name"]), None)
-            if up_to_date(obj, current):
-                applied = current
-            elif replan.held(body, obj, current, HASH_ANNOTATION) and not self.replan_budget.take():
-                # Same spec, new plan (an operator upgrade): the pods keep running as they are (replan.py).
-                assert current is not None
-                applied, result.outdated = current, replan.difference(current, obj, is_subset)
-            else:
-                digest = f"{obj['kind']}/{obj['metadata']['name']}/{obj['metadata']['annotations'][HASH_ANNOTATION]}"
-                held = self._refused.get(key)
-                if held is not None and held.digest == digest and self.monotonic() < held.not_before:
-                    return workload or self._live_workload(live, current), (apierrors.API_REJECTED, held.message)
-                # The autoscaler owns the replicas of an autoscaled StatefulSet: make it a co-owner
-                # before this apply stops sending them, or the server would drop them (back to 1).
-                autoscaled = obj["kind"] in ("StatefulSet", builders.LWS_KIND) and not builders.owns_replicas(spec)
-                if autoscaled and current is not None:
-                    self._adopt_replicas(current, spec)
-                try:
-                    applied = self._remember(self.kube.apply(obj))
-                except ApiError as e:
-                    if self._replace_immutable(obj, e, meta["uid"]):
-                        result.events.append(("Normal", "Recreating", f"{obj['kind']} {obj['metadata']['name']}: "
-                                              "its volumeClaimTemplates changed (spec.cache), which Kubernetes "
-                                              "cannot update in place; deleted it keeping its pods, to "
-                                              "re-create it"))
-                        for type_, reason, message in result.events:
-                            self.event(body, type_, reason, message)
-                        raise
-                    if apierrors.classify(e.status) != apierrors.REJECTED:
-                        raise  # 409, 429, 5xx: the caller retries (apierrors.retry_delay)
-                    attempts = held.attempts + 1 if held is not None and held.digest == digest else 1
-                    message = apierrors.rejected_message(obj["kind"], obj["metadata"]["name"], e.status, e.message)
-                    self._refused[key] = Refusal(digest, message, attempts,
-                                                 self.monotonic() + apierrors.rejected_backoff(attempts))
-                    log.warning("%s/%s: %s", key[0], key[1], bounds.clean(message, bounds.EVENT_MESSAGE_CHARS))
-                    return workload or self._live_workload(live, current), (apierrors.API_REJECTED, message)
-                if autoscaled and current is None:
-                    self._adopt_replicas(applied, spec)
-                result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
-            if obj["kind"] in WORKLOAD_KINDS:
-                workload = applied
-        return workload, None
-
-    @staticmethod
-    def _live_workload(live: dict[tuple[str, str], dict[str, Any]],
-                       current: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-        """The workload still running when an apply stopped short: the one being applied, or another kind's."""
-        if current is not None and current["kind"] in WORKLOAD_KINDS:
-            return current
-        return next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
-
-    def _prune(self, namespace: str, unwanted: dict[tuple[str, str], dict[str, Any]], result: Result) -> None:
-        """Delete children this server controls but no longer wants (`unwanted` holds only objects with its
-        controller reference; the delete is conditional on their uid)."""
-        for (kind, child), obj in unwanted.items():
-            if self.kube.delete(obj["apiVersion"], kind, namespace, child, uid=obj["metadata"]["uid"]):
-                result.pruned.append(f"{kind}/{child}")
-            self.reader.forget(obj)
-        if result.pruned:
-            result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
 
     def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
         """Why the namespace's Pod Security level would refuse the workload's pods, if it would: the offline reading
@@ -565,10 +446,6 @@ class Reconciler:
                 labels = None
             hit = self._namespaces[namespace] = (labels, now)
         return hit[0]
-
-    def _adopt_replicas(self, sts: dict[str, Any], spec: api.VLLMServerSpec) -> None:
-        a = spec.autoscaling
-        ownership.adopt_replicas(self.kube, sts, a.min_replicas, a.max_replicas, self.kube.field_manager)
 
     def _external_scaler(self, run: Pass) -> None:
         """The ExternalScaler condition for autoscaling.mode HPA/KEDA; a ScaledObject is left out of the desired
@@ -645,31 +522,8 @@ class Reconciler:
                 log.warning("could not read the Events of %s/%s: %s", run.namespace, workload["metadata"]["name"], e)
         return failures.classify(pods, found, workload=workload, now=run.now)
 
-    def _replace_immutable(self, obj: dict[str, Any], error: ApiError, uid: str) -> bool:
-        """A StatefulSet whose immutable fields (volumeClaimTemplates: spec.cache) must change: delete it
-        with its pods orphaned, so the next reconcile creates it anew and it adopts them (the pods then roll
-        to the new template). Only an object this operator manages; True when it was deleted."""
-        if obj["kind"] != "StatefulSet" or not immutable_claims_refused(error):
-            return False
-        meta = obj["metadata"]
-        live = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        if live is None or not controlled_by(live, uid):
-            return False
-        log.info("re-creating %s/%s: %s", meta["namespace"], meta["name"], error.message)
-        deleted = self.kube.delete(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"],
-                                   uid=live["metadata"]["uid"], propagation="Orphan")
-        if deleted:
-            self.reader.forget(live)
-        return deleted
-
-    def _remember(self, answer: dict[str, Any]) -> dict[str, Any]:
-        """Keep the answer to our own write until the watch delivers it (read-your-writes: reader.py)."""
-        self.reader.remember(answer)
-        return answer
-
     def _live_children(self, namespace: str, name: str, uid: str) -> dict[tuple[str, str], dict[str, Any]]:
         return self.reader.children(namespace, name, uid)
-
 
     def write_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         """Server-side apply of the fields we own; fields we stop sending are removed by the server."""
