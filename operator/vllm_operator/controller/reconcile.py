@@ -25,16 +25,12 @@ from .. import api, bounds, builders, chattemplate, documents, pipeline, planner
 from . import adapters, failures, kvcapacity, replan
 from .pod_admission import PodAdmission
 from .apply import BLOCKED_REASONS, NAME_CONFLICT, WORKLOAD_KINDS, Applier, Refusal, name_conflict_message
-# Re-exported for callers of this module from before apply.py was split off.
-from .apply import immutable_claims_refused  # noqa: F401
 from .drift import with_hash
 from ..kube import events
 from ..sources import model_facts, vllm_metrics
 from ..autoscaler import ownership
 from ..informers.reader import DirectReader, Reader
 from ..conditions import Conditions, extra_args_unchecked
-# Re-exported for callers of this module from before the pure status module (server_status.py) was split off.
-from ..server_status import OWN_CONDITIONS, OWN_FIELDS, pod_templates, workload_progress  # noqa: F401
 from ..kube.client import ApiError, Kube
 from ..urlpolicy import URLPolicy
 
