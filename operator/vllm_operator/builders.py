@@ -263,8 +263,8 @@ def extra_container(container: api.Container, native_sidecar: bool = False) -> d
 
 
 def pod_template(plan: Plan) -> dict[str, Any]:
-    """The pod template, with spec.podTemplatePatch applied last (escape_hatches.problems checks the result before a
-    plan with a patch can be built)."""
+    """The pod template, with spec.podTemplatePatch applied last (the operator and the CLI build it once and check
+    it before the workload takes it: postbuild.build_and_check)."""
     base = base_pod_template(plan)
     patch = plan.spec.pod_template_patch
     return strategic_merge.apply(base, patch) if patch else base
@@ -418,7 +418,9 @@ def owns_replicas(spec: api.VLLMServerSpec) -> bool:
     return not spec.autoscaling.enabled
 
 
-def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+def build_statefulset(plan: Plan, owner: Optional[dict] = None,
+                      template: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """`template`: the pod template, already built (pod_template's)."""
     spec = plan.spec
     sts_spec: dict[str, Any] = {
         "serviceName": headless_service_name(plan.name),
@@ -426,7 +428,7 @@ def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any
         "podManagementPolicy": "Parallel",
         "selector": {"matchLabels": selector_labels(plan.name)},
         "updateStrategy": {"type": "RollingUpdate"},
-        "template": pod_template(plan),
+        "template": template if template is not None else pod_template(plan),
     }
     if owns_replicas(spec):
         sts_spec["replicas"] = spec.replicas
@@ -445,7 +447,8 @@ def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any
             "spec": sts_spec}
 
 
-def build_daemonset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+def build_daemonset(plan: Plan, owner: Optional[dict] = None,
+                    template: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -453,7 +456,7 @@ def build_daemonset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": selector_labels(plan.name)},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": pod_template(plan),
+            "template": template if template is not None else pod_template(plan),
         },
     }
 
@@ -463,9 +466,10 @@ def is_group(spec: api.VLLMServerSpec) -> bool:
     return spec.nodes > 1
 
 
-def leader_template(plan: Plan) -> dict[str, Any]:
-    """A group's leader: the single-node pod (probes, Services, drain) with the coordination port."""
-    template = pod_template(plan)
+def leader_template(plan: Plan, pod: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """A group's leader: the single-node pod (probes, Services, drain) with the coordination port. `pod`: the pod
+    template, already built (copied here)."""
+    template = copy.deepcopy(pod) if pod is not None else pod_template(plan)
     template["metadata"]["labels"][ROLE_LABEL] = "leader"
     vllm = template["spec"]["containers"][0]
     vllm["ports"] = list(vllm.get("ports") or []) + [
@@ -473,10 +477,11 @@ def leader_template(plan: Plan) -> dict[str, Any]:
     return template
 
 
-def worker_template(plan: Plan) -> dict[str, Any]:
+def worker_template(plan: Plan, pod: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """A group's worker: the same pod running vLLM --headless (no API server, so no probes and no HTTP port; the
-    kubelet restarts it on exit and the LeaderWorkerSet then recreates the whole group)."""
-    template = pod_template(plan)
+    kubelet restarts it on exit and the LeaderWorkerSet then recreates the whole group). `pod`: the pod template,
+    already built (copied here)."""
+    template = copy.deepcopy(pod) if pod is not None else pod_template(plan)
     template["metadata"]["labels"][ROLE_LABEL] = "worker"
     vllm = template["spec"]["containers"][0]
     vllm["args"] = list(vllm["args"]) + ["--headless"]
@@ -486,12 +491,15 @@ def worker_template(plan: Plan) -> dict[str, Any]:
     return template
 
 
-def build_leaderworkerset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+def build_leaderworkerset(plan: Plan, owner: Optional[dict] = None,
+                          template: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """spec.nodes > 1: one LeaderWorkerSet group of `nodes` pods per replica. The leader serves the API, the
     workers join it (vLLM's --nnodes/--node-rank/--master-addr from the LWS variables). LeaderCreated: the workers
     start with the leader, since the leader's vLLM is ready only once every worker has joined (LeaderReady would
-    wait forever). A pod that fails recreates its whole group (a vLLM engine cannot lose a rank)."""
+    wait forever). A pod that fails recreates its whole group (a vLLM engine cannot lose a rank). `template`: the
+    pod template, already built; built here once otherwise, for the leader and the worker."""
     spec = plan.spec
+    pod = template if template is not None else pod_template(plan)
     lws_spec: dict[str, Any] = {
         "startupPolicy": "LeaderCreated",
         "rolloutStrategy": {"type": "RollingUpdate",
@@ -499,8 +507,8 @@ def build_leaderworkerset(plan: Plan, owner: Optional[dict] = None) -> dict[str,
         "leaderWorkerTemplate": {
             "size": spec.nodes,
             "restartPolicy": "RecreateGroupOnPodRestart",
-            "leaderTemplate": leader_template(plan),
-            "workerTemplate": worker_template(plan),
+            "leaderTemplate": leader_template(plan, pod),
+            "workerTemplate": worker_template(plan, pod),
         },
     }
     if owns_replicas(spec):
@@ -898,8 +906,10 @@ def build_routing(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, An
     return objects
 
 
-def build_all(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:
-    """Every object one VLLMServer wants, in apply order. The plan must fit."""
+def build_all(plan: Plan, owner: Optional[dict] = None,
+              template: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+    """Every object one VLLMServer wants, in apply order. The plan must fit. `template`: the workload's pod template,
+    already built and checked (postbuild.build_and_check); pod_template(plan) otherwise."""
     if not plan.fits:
         raise ValueError("cannot build objects for a plan with problems: " + "; ".join(map(str, plan.problems)))
     spec = plan.spec
@@ -907,12 +917,12 @@ def build_all(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:
     if spec.cache is not None and spec.cache.shared:
         objects.append(build_shared_cache_claim(plan, owner))  # before the pods that mount it
     if is_group(spec):
-        objects.append(build_leaderworkerset(plan, owner))  # LWS makes the group's headless Service itself
+        objects.append(build_leaderworkerset(plan, owner, template))  # LWS makes the group's headless Service itself
     elif spec.workload == "StatefulSet":
         objects.append(build_headless_service(plan, owner))
-        objects.append(build_statefulset(plan, owner))
+        objects.append(build_statefulset(plan, owner, template))
     else:
-        objects.append(build_daemonset(plan, owner))
+        objects.append(build_daemonset(plan, owner, template))
     if wants_pdb(spec):
         objects.append(build_pdb(plan, owner))
     if spec.autoscaling.enabled and spec.workload == "StatefulSet":
