@@ -256,19 +256,23 @@ class Reconciler(Applier):
                     conditions=Conditions(status.get("conditions") or [], meta.get("generation"), self.clock()))
 
     def _plan(self, run: Pass) -> None:
-        """Spec -> plan -> the desired children (hashed), or the errors that keep them from being applied."""
+        """Spec -> plan -> the desired children, built and checked once (pipeline.build_server), hashed; or the
+        errors that keep them from being applied: the plan's, then what the cluster lacks or refuses."""
         spec, run.errors = documents.parse_spec(run.body.get("spec") or {})
         if spec is None:
             return
         kwargs: dict[str, Any] = {"fetch": self.fetch_config} if self.fetch_config is not None else {}
         run.spec = spec
-        run.plan = pipeline.plan_server(run.name, run.namespace, spec, hf_endpoint=self.hf_endpoint,
-                                        hf_token=self.hf_token() if self.hf_endpoint else False,
-                                        hf_token_repos=self.hf_token_repos,
-                                        default_prometheus_url=self.prometheus_url,
-                                        allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
-                                        configs=self.configs, urls=self.urls,
-                                        chat_template=self._template_check(run, spec.engine.chat_template), **kwargs)
+        built = pipeline.build_server(run.name, run.namespace, spec, owner=run.body,
+                                      prepare=lambda children: self._prepare(run.body, children),
+                                      hf_endpoint=self.hf_endpoint,
+                                      hf_token=self.hf_token() if self.hf_endpoint else False,
+                                      hf_token_repos=self.hf_token_repos,
+                                      default_prometheus_url=self.prometheus_url,
+                                      allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
+                                      configs=self.configs, urls=self.urls,
+                                      chat_template=self._template_check(run, spec.engine.chat_template), **kwargs)
+        run.plan = built.plan
         run.errors = [str(p) for p in run.plan.problems]
         if run.errors:
             run.reason = run.plan.problems[0].reason
@@ -276,15 +280,19 @@ class Reconciler(Applier):
         if builders.is_group(spec) and not self.serves_lws():
             run.errors, run.reason = [lws_missing_message(spec)], LWS_NOT_INSTALLED
             return
-        desired = builders.build_all(run.plan, run.body)
-        replan.mark_requested(run.body, desired)
-        run.desired = [with_hash(o) for o in desired]
+        run.desired = built.children
         forbidden = self._pod_security(run.namespace, run.desired)
         if forbidden:
             run.errors, run.reason = [forbidden], "PodSecurityForbidden"
-        too_large = builders.oversized(run.desired)
-        if too_large:
-            run.errors = too_large
+        if built.oversized:
+            run.errors = built.oversized
+
+    @staticmethod
+    def _prepare(body: dict[str, Any], children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The children as they are applied: a requested re-plan recorded on the workload (replan.py), then each
+        hashed (drift.with_hash)."""
+        replan.mark_requested(body, children)
+        return [with_hash(o) for o in children]
 
     def _template_check(self, run: Pass, template: Optional[str]) -> Callable[[str], Optional[str]]:
         """How this reconcile checks the chat template; its verdict, once known, goes into `run.template` (and
