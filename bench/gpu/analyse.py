@@ -54,8 +54,23 @@ def spec_for(row: dict[str, Any]) -> api.VLLMServerSpec:
         engine["kvCacheDtype"] = a["kv_cache_dtype"]
     if a.get("enforce_eager"):
         engine["enforceEager"] = True
-    return api.VLLMServerSpec.model_validate({"model": model, "image": IMAGE,
-                                              "gpu": {"count": 1, "product": "NVIDIA-H200"}, "engine": engine})
+    spec: dict[str, Any] = {"model": model, "image": IMAGE, "gpu": {"count": 1, "product": "NVIDIA-H200"},
+                            "engine": engine}
+    if a.get("enable_lora"):
+        # LoRA rows: one adapter of the slots' rank, a path in the pod (the planner takes the spec's rank), and the
+        # row's slots pinned; the planner derives --max-cpu-loras (matrix.lora_args ran it to make the row).
+        spec["adapters"] = [{"name": "a1", "source": "/cache/adapters/a1", "rank": a["max_lora_rank"]}]
+        engine.update(maxLoras=a["max_loras"], maxLoraRank=a["max_lora_rank"])
+    return api.VLLMServerSpec.model_validate(spec)
+
+
+def lora_flags(plan: planner.Plan) -> dict[str, Any]:
+    """The LoRA flags a plan derived, as vllm.LLM keyword arguments."""
+    flags = {d.flag: d.value for d in plan.decisions}
+    if "--enable-lora" not in flags:
+        return {}
+    return {"enable_lora": True, "max_loras": int(flags["--max-loras"]),
+            "max_lora_rank": int(flags["--max-lora-rank"]), "max_cpu_loras": int(flags["--max-cpu-loras"])}
 
 
 def serve_args(row: dict[str, Any]) -> dict[str, Any]:
@@ -64,9 +79,13 @@ def serve_args(row: dict[str, Any]) -> dict[str, Any]:
     for flag, key, conv in (("--gpu-memory-utilization", "gpu_memory_utilization", float),
                             ("--max-model-len", "max_model_len", int), ("--max-num-seqs", "max_num_seqs", int),
                             ("--max-num-batched-tokens", "max_num_batched_tokens", int),
-                            ("--quantization", "quantization", str), ("--kv-cache-dtype", "kv_cache_dtype", str)):
+                            ("--quantization", "quantization", str), ("--kv-cache-dtype", "kv_cache_dtype", str),
+                            ("--max-loras", "max_loras", int), ("--max-lora-rank", "max_lora_rank", int),
+                            ("--max-cpu-loras", "max_cpu_loras", int)):
         if flag in args:
             out[key] = conv(args[args.index(flag) + 1])
+    if "--enable-lora" in args:
+        out["enable_lora"] = True
     return out
 
 
@@ -92,7 +111,9 @@ def compare(row: dict[str, Any], candidate: bool = False) -> dict[str, Any]:
     logged = row["log_kv_tokens"]
     out.update({
         "logged_tokens": logged, "planned_tokens": ours, "error": ours / logged - 1,
-        "weights": (m.weights - probe["weights_memory"]) / GiB,
+        # vLLM allocates the LoRA slots inside load_model's memory profiler: its weights figure holds them
+        "weights": (m.weights + m.lora - probe["weights_memory"]) / GiB,
+        "lora": (m.lora - row["probe_lora"]["total"]) / GiB if row.get("probe_lora") else None,
         "activation": (m.activation - probe["torch_peak_increase"]) / GiB,
         "non_torch": (m.non_torch - probe["non_torch_increase"]) / GiB,
         "graphs": (m.cuda_graphs - probe["cudagraph_memory_estimate"]) / GiB,
@@ -119,7 +140,12 @@ def candidate_kv(plan: planner.Plan, row: dict[str, Any]) -> float:
         graphs = 0
     else:
         activation, graphs = plan.memory.activation, 0.5 * GiB
-    return plan.memory.budget - plan.memory.weights - activation - 0.24 * GiB - graphs
+    return plan.memory.budget - plan.memory.weights - activation - 0.24 * GiB - graphs - plan.memory.lora
+
+
+def lora_column(t: dict[str, Any]) -> str:
+    """The LoRA slots' planned minus measured GiB (the probe's sum of the LoRA tensors), for a LoRA row."""
+    return "" if t.get("lora") is None else f"  LoRA slots {t['lora']:+.4f}"
 
 
 def main() -> int:
@@ -135,6 +161,7 @@ def main() -> int:
         print(f"{t['id']:36s} {t['runner'] or '':6s} {t['logged_tokens']:>10,} {t['planned_tokens']:>10,} "
               f"{t['error']:>+7.2%} | {t['budget']:>7.3f} {t['weights']:>7.3f} {t['activation']:>7.3f} "
               f"{t['non_torch']:>8.3f} {t['graphs']:>7.3f} {t['kv']:>7.3f}"
+              f"{lora_column(t)}"
               f"{'  (not a server: left out)' if t['id'] in NOT_A_SERVER else ''}")
     compared = [t for t in table if "error" in t and t["id"] not in NOT_A_SERVER]
     mae = sum(abs(t["error"]) for t in compared) / len(compared)

@@ -20,7 +20,8 @@ KEEP = ("ok", "error", "killed", "vllm_version", "torch_version", "num_gpu_block
         "use_v2_model_runner", "async_scheduling", "cudagraph_mode", "log_model_loading_gib", "log_available_kv_gib",
         "log_kv_tokens", "log_max_concurrency", "log_cudagraph_estimate_gib", "log_graph_capture_gib",
         "log_graph_capture_s", "log_non_kv_gib", "log_torch_peak_increase_gib", "log_non_torch_increase_gib",
-        "log_weights_gib", "probe_memory", "probe_kv", "num_gpu_blocks_logged", "serve", "runner_wall_s")
+        "log_weights_gib", "probe_memory", "probe_kv", "probe_lora", "lora_config", "num_gpu_blocks_logged", "serve",
+        "runner_wall_s")
 
 
 def entry(result: dict, row: dict) -> dict:
@@ -31,6 +32,8 @@ def entry(result: dict, row: dict) -> dict:
     else:
         out.update({k: row[k] for k in ("model_id", "args", "env", "changed", "startup_budget_s",
                                          "shutdown_timeout_s", "grace_s", "prestop_s", "drain_tokens", "plan")})
+        if row.get("adapters"):
+            out["adapters"] = row["adapters"]
     out.update({k: result[k] for k in KEEP if k in result})
     if "error" in out:
         out["error"] = out["error"][:600]

@@ -20,6 +20,20 @@ def row(rid: str, model: str, fast: bool = True, **args: Any) -> dict[str, Any]:
             "timeout_s": 300 if fast else 420, "min_s": 45 if fast else 90}
 
 
+def lora_row(rid: str, model: str, rank: int, max_loras: int = 4, **args: Any) -> dict[str, Any]:
+    """A sizing row with --enable-lora: the slots (max_loras x rank) as a spec pins them and --max-cpu-loras as the
+    planner derives it for one adapter of that rank (analyse.spec_for, analyse.lora_flags)."""
+    from bench.gpu import analyse
+    from vllm_operator import pipeline
+    base = row(rid, model, **args)
+    base["args"].update(enable_lora=True, max_loras=max_loras, max_lora_rank=rank)
+    plan = pipeline.plan_server(rid, "default", analyse.spec_for(base))
+    lora = analyse.lora_flags(plan)
+    assert lora and lora["max_loras"] == max_loras and lora["max_lora_rank"] == rank, (rid, lora)
+    base["args"].update(lora)
+    return base
+
+
 ROWS = [
     # dense, Model Runner V2 (CUDA graphs captured on top of the budget in 0.26)
     row("d01-qwen2.5-0.5b", "qwen2.5-0.5b", max_model_len=32768),
@@ -57,7 +71,7 @@ ROWS = [
     row("q03-qwen2.5-7b-gptq-u85", "qwen2.5-7b-gptq", gpu_memory_utilization=0.85, max_model_len=32768),
     row("q04-qwen2.5-32b-awq", "qwen2.5-32b-awq", max_model_len=32768),
     # a vision-language model, a pooling model
-    row("v01-qwen2.5-vl-7b", "qwen2.5-vl-7b", max_model_len=32768),
+    {**row("v01-qwen2.5-vl-7b", "qwen2.5-vl-7b", max_model_len=32768), "processor": True},
     row("p01-gte-qwen2-7b-pooling", "gte-qwen2-7b", max_model_len=32768, max_num_batched_tokens=32768,
         runner="pooling"),
     # what vLLM refuses
@@ -71,6 +85,11 @@ ROWS = [
     row("d17-llama-3.2-1b", "llama-3.2-1b", max_model_len=131072),
     row("d18-qwen2.5-3b-u60", "qwen2.5-3b", gpu_memory_utilization=0.6, max_model_len=32768),
     row("d19-mistral-7b-v0.3", "mistral-7b-v0.3", max_model_len=32768),
+    # LoRA slots (issue 22): the same server without and with --enable-lora, two ranks, two models
+    row("a00-llama-3.1-8b-base-32k", "llama-3.1-8b", max_model_len=32768),
+    lora_row("a01-llama-3.1-8b-lora-r16", "llama-3.1-8b", 16, max_model_len=32768),
+    lora_row("a02-llama-3.1-8b-lora-r64", "llama-3.1-8b", 64, max_model_len=32768),
+    lora_row("a03-qwen2.5-7b-lora-r16", "qwen2.5-7b", 16, max_model_len=32768),
 ]
 
 
@@ -85,14 +104,26 @@ NEXT = ["x02-qwen2.5-32b-u50", "d14-qwen2.5-72b-fp8-kvfp8", "s02-gemma-3-1b-u50"
         "d16-qwen2.5-32b-u92", "d17-llama-3.2-1b", "d18-qwen2.5-3b-u60", "d19-mistral-7b-v0.3"]
 
 
+#: The third session's order (issue 22's LoRA rows and the pods not yet run first; the vision-language row last).
+NEXT = ["a00-llama-3.1-8b-base-32k", "a01-llama-3.1-8b-lora-r16", "a02-llama-3.1-8b-lora-r64",
+        "e-llama-8b-lora-adapters", "a03-qwen2.5-7b-lora-r16", "e-qwen-32b-awq", "e-qwen-7b-daemonset",
+        "e-llama-8b-sidecar-patch", "own-llama-70b-fp8", "v01-qwen2.5-vl-7b"] + NEXT
+
+
+#: Rows already in DONE_JSON that run again: the AWQ pod's completion never ran (its prompt was empty).
+RUN_AGAIN = {"e-qwen-32b-awq"}
+
+
 def todo(rows: list[dict[str, Any]], done_json: str) -> list[dict[str, Any]]:
     """The rows not in DONE_JSON (tests/data/gpu/rows.json), NEXT's first in its order, then the others."""
-    done = {r["id"] for r in json.load(open(done_json))}
+    done = {r["id"] for r in json.load(open(done_json))} - RUN_AGAIN
     left = {r["id"]: r for r in rows if r["id"] not in done}
     out = [left.pop(i) for i in NEXT if i in left] + list(left.values())
     for r in out:  # a row started with less time left than it needs is cut before vLLM says anything
         if r["kind"] == "llm":
             r["min_s"] = 100 if any(b in r["model"] for b in ("70b", "72b", "32b", "mixtral", "27b")) else 70
+        else:  # the pods of the second session: 98-113 s to ready, 6-10 s to drain and exit
+            r["min_s"] = 240 if "70b" in r["model"] else 180
     return out
 
 

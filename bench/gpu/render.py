@@ -34,6 +34,8 @@ EXAMPLES: dict[str, str | None] = {
     "llama-8b-sidecar-patch.yaml": "llama-3.1-8b",
     "qwen-32b-awq.yaml": "qwen2.5-32b-awq",
     "qwen-7b-daemonset.yaml": "qwen2.5-7b",
+    "llama-8b-lora-adapters.yaml": "llama-3.1-8b",
+    "qwen-routed.yaml": "qwen2.5-7b",
     "gemma-3-4b-2x-a2000.yaml": None,  # gpu.count 2: tensor parallelism over two GPUs, and the machine has one
 }
 
@@ -79,6 +81,8 @@ def serve_row(rid: str, folder: str, name: str, spec_dict: dict[str, Any], chang
         "grace_s": pod["spec"]["terminationGracePeriodSeconds"], "prestop_s": plan.prestop_seconds,
         "served_name": spec.model.served_name or spec.model.name, "metrics_query": metrics.ONLY_WANTED_QUERY,
         "drain_tokens": spec.workload_profile.p95_output_tokens or 512,
+        # serve_one.py loads a random adapter of each rank at runtime (the pods' own endpoint), asks it, unloads it
+        "adapters": [{"name": a.name, "rank": a.rank} for a in spec.adapters if a.rank],
         "plan": {"kv_cache_tokens": plan.kv_cache_tokens, "max_model_len": plan.max_model_len,
                  "gpu_memory_utilization": plan.gpu_memory_utilization, "estimates": plan.estimates(),
                  "notes": plan.status()["notes"]},

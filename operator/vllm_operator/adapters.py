@@ -124,8 +124,9 @@ class LoRALayout:
     def vocab_elements(arch: Architecture) -> int:
         """A and B elements per slot and unit of rank of embed_tokens (A: vocab x rank, B: hidden x rank;
         vocab_parallel_embedding.py) and lm_head (A: rank x hidden, B: vocab x rank; logits_processor.py), which vLLM
-        wraps for every model that declares them (embedding_modules: Llama, Qwen, Mistral, Gemma, ...), whole on
-        every GPU."""
+        wraps, whole on every GPU, for a model class that declares them in embedding_modules (vLLM 0.26: Llama,
+        Qwen3, Mixtral, Granite, ...; not Qwen2 nor Mistral). Counted for every model (the architecture facts hold no
+        model class): for one that declares none the plan is larger by these (Qwen2.5-7B on an H200: docs/gpu-evidence.md)."""
         return 2 * (arch.vocab_size + arch.hidden_size)
 
     def bytes_per_gpu(self, arch: Architecture, tp: int) -> int:

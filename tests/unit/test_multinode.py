@@ -13,7 +13,7 @@ import pytest
 from vllm_operator import api, builders, cli, pipeline, validation
 from vllm_operator.server_status import pod_templates, workload_progress
 from vllm_operator.planner import Plan
-from vllm_operator.planner.steps import stage_sizes
+from vllm_operator.planner.stages import stage_sizes
 
 GiB = 2**30
 L405 = "meta-llama/Llama-3.1-405B-Instruct"

@@ -988,3 +988,20 @@ def test_another_vllm_release_gets_its_new_flags_checked_loosely():
     for extra in (["--max-model-len", "4096"], ["--api-key", "secret-value-here"], ["--port", "9000"]):
         p = plan_for(image="vllm/vllm-openai:v0.35.1", engine={"extraArgs": extra})
         assert [q.field for q in p.problems] == ["spec.engine.extraArgs[0]"], (extra, p.problems)
+
+
+def test_v2_profile_of_vllm_026_runs_no_vision_encoder():
+    """vLLM 0.26's Model Runner V2 profiles the language model only (its profile_run runs no encoder; Qwen2.5-VL-7B
+    on an H200 peaked at the language model's 1.07 GiB, tests/data/gpu v01): the 0.26 plan reserves no vision tower,
+    while 0.32's profile does, and the same model's language part is the same in both."""
+    import json
+    from pathlib import Path
+    config = Path(__file__).parents[1] / "data" / "configs" / "Qwen2.5-VL-7B-Instruct.config.json"
+    arch = catalog.architecture_from_config(json.loads(config.read_text()))
+    old, new = planner.profile_terms("0.26.0"), planner.profile_terms("0.32.0")
+    assert not old.v2_encoder_profiled and new.v2_encoder_profiled
+    with_tower = planner.activation_bytes(arch, 1, 8192, 1024, 2, new, 32768)
+    language_only = planner.activation_bytes(arch, 1, 8192, 1024, 2, old, 32768)
+    forward = 8192 * (2 * arch.intermediate_size + planner.assumption("activation_hidden_factor") * arch.hidden_size) * 2
+    assert language_only == int(max(forward, arch.vocab_size * arch.hidden_size * 2) + old.v2_peak_margin)
+    assert with_tower > language_only

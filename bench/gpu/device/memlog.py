@@ -62,6 +62,8 @@ def parse(text: str) -> dict:
             out["probe_memory"] = probe
         elif kind == "kv_cache_config":
             out["probe_kv"] = probe
+        elif kind == "lora":
+            out["probe_lora"] = probe
     if "probe_kv" in out and "num_blocks" in out["probe_kv"]:
         out["num_gpu_blocks_logged"] = out["probe_kv"]["num_blocks"]
     return out
@@ -75,7 +77,7 @@ KEEP = re.compile(r"(Model loading took|Memory profiling takes|Available KV cach
                   r"larger than|not enough|exceeds|Reason:|RESULT_JSON|Chunked prefill|max_num_batched_tokens|"
                   r"Asynchronous scheduling|async scheduling|fp8|FP8|quantiz|sliding|Encoder cache|profiled with|"
                   r"cudagraph_mode|Capturing CUDA graphs|Application startup|Shutting down|shutdown|drain|Draining|"
-                  r"SIGTERM|Started server process|Uvicorn running)")
+                  r"SIGTERM|Started server process|Uvicorn running|LoRA|lora_adapter)")
 
 
 def keep(text: str, limit: int = 400) -> list[str]:

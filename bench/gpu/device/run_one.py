@@ -11,6 +11,37 @@ import time
 import traceback
 
 
+#: A Qwen2-VL-family processor's image settings (its preprocessor_config.json on the Hub) and the special tokens
+#: its prompts use, at the ids config.json names.
+QWEN_VL_PREPROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor",
+                        "min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2,
+                        "temporal_patch_size": 2, "do_resize": True, "do_rescale": True, "do_normalize": True,
+                        "rescale_factor": 0.00392156862745098, "do_convert_rgb": True,
+                        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                        "image_std": [0.26862954, 0.26130258, 0.27577711]}
+QWEN_VL_TOKENS = {"<|vision_start|>": "vision_start_token_id", "<|vision_end|>": "vision_end_token_id",
+                  "<|vision_pad|>": "vision_token_id", "<|image_pad|>": "image_token_id",
+                  "<|video_pad|>": "video_token_id"}
+
+
+def lay_out_processor(row: dict) -> str:
+    """A copy of the model's folder with a word-level tokenizer of its vocabulary (its image tokens at their ids)
+    and the processor's config, so vLLM can build the dummy images of its profile."""
+    import os
+    import shutil
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from serve_one import tokenizer_files
+    where = f"/root/models-with-processor/{row['model']}"
+    shutil.copytree(row["model_dir"], where, dirs_exist_ok=True)
+    config = json.load(open(os.path.join(where, "config.json")))
+    vocab = (config.get("text_config") or {}).get("vocab_size") or config["vocab_size"]
+    specials = {tok: config[key] for tok, key in QWEN_VL_TOKENS.items() if key in config}
+    for name, text in tokenizer_files(vocab, specials).items():
+        open(os.path.join(where, name), "w").write(text)
+    json.dump(QWEN_VL_PREPROCESSOR, open(os.path.join(where, "preprocessor_config.json"), "w"))
+    return where
+
+
 def main() -> None:
     t0 = time.time()
     row = json.load(open(sys.argv[1]))
@@ -24,6 +55,8 @@ def main() -> None:
         kw = dict(model=row["model_dir"], load_format="dummy", skip_tokenizer_init=True, tensor_parallel_size=1,
                   seed=0)
         kw.update(row["args"])
+        if row.get("processor"):  # a multimodal profile needs the model's processor: a tokenizer and its config
+            kw.update(model=lay_out_processor(row), skip_tokenizer_init=False)
         res["llm_kwargs"] = kw
         llm = LLM(**kw)
         res["ok"] = True
@@ -38,7 +71,12 @@ def main() -> None:
                          ("cudagraph_mode", lambda: str(vc.compilation_config.cudagraph_mode)),
                          ("use_v2_model_runner", lambda: bool(vc.use_v2_model_runner)),
                          ("async_scheduling", lambda: bool(sc.async_scheduling)),
-                         ("runner_type", lambda: str(mc.runner_type))):
+                         ("runner_type", lambda: str(mc.runner_type)),
+                         # --enable-lora's settings as vLLM took them (None without LoRA)
+                         ("lora_config", lambda: None if vc.lora_config is None else {
+                             k: getattr(vc.lora_config, k, None) for k in (
+                                 "max_loras", "max_lora_rank", "max_cpu_loras", "lora_dtype",
+                                 "fully_sharded_loras")})):
             try:
                 res[key] = get()
             except Exception as e:  # an attribute this release lacks

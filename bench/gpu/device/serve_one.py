@@ -8,7 +8,8 @@ ROW_JSON: {"id", "model_dir" (config.json), "model_id" (the Hub id the args name
 "served_name", "drain_tokens"}
 Steps: lay the model's config.json and a word-level tokenizer of the model's vocabulary into HF_HOME's hub cache as
 the download container would, start the server, poll /health (the startup probe's budget), scrape /metrics the way
-the autoscaler does, ask for a completion, then stream a p95-long answer and send SIGTERM mid-stream: the stream
+the autoscaler does, ask for a completion, with spec.adapters load a random adapter of each rank through the pods'
+runtime endpoint, ask it and unload it, then stream a p95-long answer and send SIGTERM mid-stream: the stream
 must finish (drain) within --shutdown-timeout and the server exit. Prints 'RESULT_JSON {...}'.
 """
 import hashlib
@@ -31,13 +32,15 @@ PORT = 8000
 PROMPT_IDS = [10, 11, 12, 13]
 
 
-def tokenizer_files(vocab_size: int) -> dict:
-    """A word-level tokenizer with one word per id of the model's vocabulary ('w<id>'), so any sampled id decodes."""
+def tokenizer_files(vocab_size: int, special_ids: dict | None = None) -> dict:
+    """A word-level tokenizer with one word per id of the model's vocabulary ('w<id>'), so any sampled id decodes.
+    `special_ids`: more special tokens at the ids config.json gives them (a vision-language model's image tokens)."""
     specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    vocab.update({f"w{i}": i for i in range(len(specials), vocab_size)})
+    at = {i: t for i, t in enumerate(specials)}
+    at.update({i: t for t, i in (special_ids or {}).items()})
+    vocab = {at.get(i, f"w{i}"): i for i in range(vocab_size)}
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-              "special": True} for i, t in enumerate(specials)]
+              "special": True} for i, t in sorted(at.items())]
     tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
            "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
            "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
@@ -62,6 +65,92 @@ def lay_out_hub_cache(hf_home: str, model_id: str, model_dir: str) -> str:
     for name, text in tokenizer_files(vocab).items():
         open(os.path.join(snap, name), "w").write(text)
     return snap
+
+
+def make_adapter(where: str, model_dir: str, model_id: str, rank: int) -> str:
+    """A LoRA adapter of the model's shapes (q_proj and v_proj of every layer, random A and B) as peft writes one:
+    adapter_config.json and adapter_model.safetensors (what an adapter of spec.adapters holds)."""
+    import torch
+    from safetensors.torch import save_file
+    c = json.load(open(os.path.join(model_dir, "config.json")))
+    c = c.get("text_config") or c
+    hidden, heads, kv = c["hidden_size"], c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+    head = c.get("head_dim") or hidden // heads
+    g = torch.Generator().manual_seed(rank)
+    tensors = {}
+    for i in range(c["num_hidden_layers"]):
+        for proj, out in (("q_proj", heads * head), ("v_proj", kv * head)):
+            key = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            tensors[f"{key}.lora_A.weight"] = (torch.randn(rank, hidden, generator=g) * 0.01).to(torch.bfloat16)
+            tensors[f"{key}.lora_B.weight"] = (torch.randn(out, rank, generator=g) * 0.01).to(torch.bfloat16)
+    os.makedirs(where, exist_ok=True)
+    save_file(tensors, os.path.join(where, "adapter_model.safetensors"))
+    json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
+               "target_modules": ["q_proj", "v_proj"], "bias": "none", "base_model_name_or_path": model_id,
+               "fan_in_fan_out": False, "modules_to_save": None},
+              open(os.path.join(where, "adapter_config.json"), "w"))
+    return where
+
+
+def adapters_at_runtime(row: dict, s: dict) -> None:
+    """spec.adapters on a running pod, as the operator does it (docs/adapters.md, "At runtime"): POST
+    /v1/load_lora_adapter with a name and a path, the adapter listed by /v1/models, a completion naming it, then
+    POST /v1/unload_lora_adapter and the name answered 404. Adapters of the spec's ranks, made here (random)."""
+    out = s["adapters"] = []
+    for a in row["adapters"]:
+        r: dict = {"name": a["name"], "rank": a["rank"]}
+        out.append(r)
+        try:
+            path = make_adapter(f"/root/adapters/{a['name']}", row["model_dir"], row["model_id"], a["rank"])
+        except Exception as e:
+            r["error"] = f"making it: {e!r}"[:300]
+            continue
+        t = time.time()
+        code, body = post("/v1/load_lora_adapter", {"lora_name": a["name"], "lora_path": path}, timeout=120)
+        r["load_status"], r["load_s"], r["load_body"] = code, round(time.time() - t, 2), body[:200].decode(errors="replace")
+        code, body = get("/v1/models")
+        try:
+            r["listed"] = [m["id"] for m in json.loads(body)["data"] if m.get("parent")]
+        except Exception:
+            r["listed"] = None
+        t = time.time()
+        code, body = post("/v1/completions", {"model": a["name"], "prompt": PROMPT_IDS, "max_tokens": 16,
+                                              "ignore_eos": True, "temperature": 0})
+        r["completion_status"], r["completion_s"] = code, round(time.time() - t, 2)
+        try:
+            r["completion_tokens"] = json.loads(body)["usage"]["completion_tokens"]
+        except Exception:
+            r["completion_body"] = body[:300].decode(errors="replace")
+    for r in out[1:]:  # the first stays loaded while the stream drains; the others are unloaded
+        if r.get("load_status") != 200:
+            continue
+        code, body = post("/v1/unload_lora_adapter", {"lora_name": r["name"]})
+        r["unload_status"] = code
+        code, body = post("/v1/completions", {"model": r["name"], "prompt": PROMPT_IDS, "max_tokens": 4})
+        r["after_unload_status"] = code
+
+
+def stand_in_files(env: dict) -> list:
+    """A path the pod gets from a mounted volume (SSL_CERT_FILE from a Secret) stood in by this machine's CA bundle:
+    what a start needs of it is a readable bundle."""
+    made = []
+    path = env.get("SSL_CERT_FILE")
+    if path and not os.path.exists(path):
+        for src in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"):
+            if os.path.exists(src):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                open(path, "w").write(open(src).read())
+                made.append(f"SSL_CERT_FILE {path}: {src}")
+                break
+        else:
+            try:
+                import certifi
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                open(path, "w").write(open(certifi.where()).read())
+                made.append(f"SSL_CERT_FILE {path}: certifi")
+            except Exception as e:
+                made.append(f"SSL_CERT_FILE {path}: none ({e!r})")
+    return made
 
 
 def get(path: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -126,6 +215,7 @@ def main() -> None:
         if d:
             os.makedirs(d, exist_ok=True)
     lay_out_hub_cache(env["HF_HOME"], row["model_id"], row["model_dir"])
+    s["stood_in"] = stand_in_files(env)
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *row["args"], "--load-format", "dummy"]
     s["argv"] = argv[3:]
     t0 = time.time()
@@ -175,6 +265,11 @@ def main() -> None:
         s["completion_usage"] = answer.get("usage")
     except Exception:
         s["completion_body"] = body[:400].decode(errors="replace")
+    if row.get("adapters"):
+        try:
+            adapters_at_runtime(row, s)
+        except Exception as e:
+            s["adapters_error"] = repr(e)[:400]
     # A p95-long answer, streamed; SIGTERM once it is decoding (as the kubelet sends it after the preStop sleep).
     n = row["drain_tokens"]
     events: list = []

@@ -12,8 +12,9 @@ is below the budget, so the derived utilization leaves that context, a margin an
 gpu.reservedMemory outside. Every constant is in `ASSUMPTIONS`, with its source.
 
 The package: ``assumptions`` (ASSUMPTIONS and each release's PROFILE_TERMS), ``memory`` (the memory math),
-``plan_types`` (Plan, FlagDecision, Memory, Sizing), ``steps`` (`plan` and its numbered steps). Every name is
-importable from ``vllm_operator.planner``.
+``plan_types`` (Plan, FlagDecision, Memory, Sizing), ``steps`` (`plan` and its numbered steps), ``stages`` (the
+pipeline stages of a server across nodes), ``lora`` (spec.adapters' flags and slots). `plan`, its numbered steps
+and the types and memory math they use are importable from ``vllm_operator.planner``.
 """
 
 from .assumptions import (

@@ -104,6 +104,11 @@ class ProfileTerms:
     larger of the forward pass and one vocabulary x hidden matrix plus `v2_peak_margin` (runs_v2, activation_bytes)."""
     v2_peak_margin: float = 0.0
     """What V2's measured peak adds to that larger term, bytes."""
+    v2_encoder_profiled: bool = True
+    """Whether Model Runner V2's profile runs a multimodal model's encoder on dummy items before the KV cache is
+    sized. vLLM 0.26's does not (vllm/v1/worker/gpu/model_runner.py profile_run runs the language model and the
+    sampler only; gpu/mm/encoder_cache.py: "TODO: Implement MM budget for encoder dummy run"): the vision tower's
+    activations at serving time come from the memory beside the budget, as V2's CUDA graphs do."""
     moe_workspace_factor: float = 0.0
     """A mixture of experts' fused-MoE workspace, which the profile's forward pass leaves allocated through the
     sampler's dummy run (vllm/v1/worker/workspace.py WorkspaceManager keeps it for the process;
@@ -152,7 +157,7 @@ PROFILE_TERMS: tuple[ProfileTerms, ...] = (
     ProfileTerms(
         since=(0, 26), logits_bytes=14, non_torch=0.24 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
         concurrent_batches=2, v2_runner=True, v2_peak_margin=0.13 * GiB, graphs_in_budget=0.5 * GiB,
-        moe_workspace_factor=24,
+        moe_workspace_factor=24, v2_encoder_profiled=False,
         source="vLLM 0.26.0 on an H200 (tests/data/gpu, bench/gpu; docs/sizing.md 'vLLM 0.26.0 on an H200'): dense "
                "models run on Model Runner V2, whose profile_cudagraph_memory returns 0 (graphs captured after the KV "
                "cache: 0.15 GiB for Llama-3.1-8B at 20 sequences) and whose peak is max(forward pass, vocabulary x "
@@ -163,7 +168,8 @@ PROFILE_TERMS: tuple[ProfileTerms, ...] = (
                "plus the fused-MoE workspace the forward pass leaves (moe_workspace_factor 24: Qwen3-30B-A3B at 4,096 "
                "and 8,192 batched tokens, Mixtral-8x7B 1.866 GiB); non-torch 0.225 (V2) and 0.240 GiB (V1); "
                "'Asynchronous scheduling is enabled': two batches in flight (Mistral-7B-v0.1's window reproduces to "
-               "10 tokens in 1,455,912). TP overhead not measured (one GPU)"),
+               "10 tokens in 1,455,912); V2 runs no encoder in its profile (Qwen2.5-VL-7B: a 1.07 GiB peak, the language "
+               "model's). TP overhead not measured (one GPU)"),
     ProfileTerms(
         since=(0, 28), logits_bytes=39, non_torch=0.15 * GiB, tp_overhead=0.45 * GiB, cuda_graphs_in_budget=True,
         concurrent_batches=1,

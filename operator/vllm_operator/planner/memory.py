@@ -249,7 +249,7 @@ def activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_num_s
     The logits are the whole vocabulary on every GPU (the LM head's output is gathered before sampling), so TP does
     not divide them: llm-d's H100 logs show 4.84 GiB for Llama-3.3-70B at TP=2 against 4.76 for Llama-3.1-8B.
     A multimodal model's vision tower runs first; its embeddings are held through the rest (vision_profile_bytes; a
-    video item grows with max_model_len)."""
+    video item grows with max_model_len), except on a V2 runner whose profile runs no encoder (vLLM 0.26)."""
     per_token = (2 * arch.intermediate_size / tp + assumption("activation_hidden_factor") * arch.hidden_size) * elem_bytes
     forward = batched_tokens * per_token
     language = forward
@@ -265,6 +265,8 @@ def activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_num_s
         language = max(forward, sampler)
         if arch.num_experts:  # the fused-MoE workspace stays allocated through the sampler's run
             language += terms.moe_workspace_factor * batched_tokens * arch.hidden_size * elem_bytes
+    if runs_v2(arch, terms) and not terms.v2_encoder_profiled:
+        return int(language)  # the release's V2 profile runs no encoder (ProfileTerms.v2_encoder_profiled)
     tower, embeddings = vision_profile_bytes(arch, tp, batched_tokens, elem_bytes, max_model_len, terms, limits)
     return int(max(tower, embeddings + language))
 

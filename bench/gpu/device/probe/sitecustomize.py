@@ -4,6 +4,9 @@ functions to print what they computed, as one 'VLLM_PROBE {json}' line each.
 
 - Worker.determine_available_memory (vllm/v1/worker/gpu_worker.py): the requested budget, the initial free memory,
   the weights, the torch peak and non-torch increases, the CUDA-graph estimate and the KV bytes it returns.
+  With LoRA (--enable-lora), the bytes of the LoRA slots' GPU tensors (every `*lora*` tensor of the model's modules,
+  views counted once, by the module's class), which the weights figure includes: vLLM allocates them inside
+  load_model's memory profiler (vllm/v1/worker/gpu/model_runner.py load_model -> load_lora_model).
 - get_kv_cache_configs (vllm/v1/core/kv_cache_utils.py): the number of blocks and the groups (layers, spec type,
   block size, page bytes, sliding window) the pool was laid out in.
 """
@@ -18,6 +21,33 @@ def _say(kind, data):
         print("VLLM_PROBE " + json.dumps({"probe": kind, **data}, default=str), flush=True)
     except Exception:
         pass
+
+
+def _lora_bytes(runner):
+    """The LoRA slots' GPU bytes, by the wrapping module's class; None without LoRA."""
+    if runner is None or getattr(runner, "lora_config", None) is None:
+        return None
+    import torch
+    model = getattr(runner, "model", None)
+    while model is not None and not isinstance(model, torch.nn.Module):  # a graph or compile wrapper
+        model = getattr(model, "runnable", None) or getattr(model, "model", None)
+    if model is None:
+        return {"error": "no nn.Module found"}
+    seen, by_class = set(), {}
+    for _name, mod in model.named_modules():
+        items = [(k, v) for k, v in vars(mod).items() if "lora" in k] + list(getattr(mod, "_buffers", {}).items())
+        for key, val in items:
+            if "lora" not in key:
+                continue
+            for t in (val if isinstance(val, (tuple, list)) else [val]):
+                if isinstance(t, torch.Tensor) and t.is_cuda:
+                    ptr = t.untyped_storage().data_ptr()
+                    if ptr in seen:
+                        continue
+                    seen.add(ptr)
+                    cls = type(mod).__name__
+                    by_class[cls] = by_class.get(cls, 0) + t.untyped_storage().nbytes()
+    return {"total": sum(by_class.values()), "by_class": by_class}
 
 
 def _patch_worker(module):
@@ -44,6 +74,12 @@ def _patch_worker(module):
             "cudagraph_memory_estimate": getattr(self, "cudagraph_memory_estimate", None),
             "model_runner": type(runner).__module__ if runner is not None else None,
         })
+        try:
+            lora = _lora_bytes(runner)
+            if lora is not None:
+                _say("lora", lora)
+        except Exception as e:
+            _say("lora", {"error": repr(e)})
         return out
 
     worker.determine_available_memory = determine_available_memory
