@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 
 from e2e.testbed.convergence import wait_established
 from e2e.testbed.controlplane import wait_for
+from e2e.testbed.operator_install import documented_crd_step
 from e2e.testbed.operator_process import ACTING, OperatorProcess
 from vllm_operator.controller import replan
 from vllm_operator.kube.client import Kube
@@ -44,21 +44,11 @@ def old_release(tmp_path_factory) -> Path:
     return out
 
 
-def documented_crd_step() -> list[str]:
-    """docs/install.md#upgrade's first step, the kubectl half of `helm show crds <chart> | kubectl apply ...`
-    (what `helm show crds` prints is the chart's crds/ file)."""
-    text = (ROOT / "docs" / "install.md").read_text()
-    found = re.search(r"^\s*\| kubectl (apply [^\n]*-f -)$", text, re.M)
-    assert found, "docs/install.md has no `| kubectl apply ... -f -` CRD step"
-    return found.group(1).split()
-
-
 @pytest.fixture
 def crd(control_plane):
     """Install a CRD version as docs/install.md's upgrade does (CRDs first); the current one is back afterwards,
     for the other tests."""
     step = documented_crd_step()
-    assert "--server-side" in step and "--force-conflicts" in step
 
     def install(path: Path) -> None:
         control_plane.kubectl(*step, input=path.read_text())

@@ -140,3 +140,15 @@ def children(cp, namespace: str, name: str) -> dict[str, dict[str, Any]]:
 
 def rbac_trouble(log: str) -> list[str]:
     return [line for line in log.splitlines() if RBAC_TROUBLE.search(line)]
+
+
+def documented_crd_step() -> list[str]:
+    """docs/install.md#upgrade's first step, the kubectl half of `helm show crds <chart> | kubectl apply ...`
+    (what `helm show crds` prints is the chart's crds/ file): e2e/test_upgrade.py and tests/apiserver/test_helm.py
+    run it as written."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    found = re.search(r"^\s*\| kubectl (apply [^\n]*-f -)$", text, re.M)
+    assert found, "docs/install.md has no `| kubectl apply ... -f -` CRD step"
+    step = found.group(1).split()
+    assert "--server-side" in step and "--force-conflicts" in step, step
+    return step

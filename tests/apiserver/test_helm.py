@@ -6,14 +6,16 @@ under the chart's account: e2e/test_helm.py.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import secrets as random
 import subprocess
 
 import pytest
+import yaml
 
 from e2e.testbed.controlplane import KUBECTL, wait_for
-from e2e.testbed.operator_install import (ROOT)
+from e2e.testbed.operator_install import ROOT, documented_crd_step
 from e2e.testbed.serviceaccount import service_account_kubeconfig
 from vllm_operator import generate
 
@@ -33,8 +35,8 @@ class Helm:
     def install(self, release: str, values: dict, chart: str = CHART) -> dict:
         return asyncio.run(helm_sdkpy.Install(self.config).run(release, chart, values=values, wait=False, timeout=120))
 
-    def upgrade(self, release: str, values: dict) -> dict:
-        return asyncio.run(helm_sdkpy.Upgrade(self.config).run(release, CHART, values=values, wait=False, timeout=120))
+    def upgrade(self, release: str, values: dict, chart: str = CHART) -> dict:
+        return asyncio.run(helm_sdkpy.Upgrade(self.config).run(release, chart, values=values, wait=False, timeout=120))
 
     def uninstall(self, release: str) -> dict:
         return asyncio.run(helm_sdkpy.Uninstall(self.config).run(release, wait=True, timeout=120))
@@ -113,3 +115,55 @@ def test_an_umbrella_chart_installs_this_one_as_a_dependency(control_plane, name
     helm.uninstall(release)
     gone = cp.kubectl("get", "deployment", release, "-n", namespace, check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+def _crd_chart(path, version: str, crd_object: dict):
+    """A chart of one CRD in crds/, as this chart ships it."""
+    (path / "crds").mkdir(parents=True)
+    (path / "templates").mkdir()
+    (path / "Chart.yaml").write_text(yaml.safe_dump({"apiVersion": "v2", "name": "crd-release", "version": version}))
+    (path / "crds" / "crd.yaml").write_text(yaml.safe_dump(crd_object, sort_keys=False))
+    return path
+
+
+def test_the_documented_crd_upgrade_takes_over_the_crd_helm_installed(control_plane, namespace, tmp_path):
+    """docs/install.md#upgrade: Helm installs a chart's crds/ once and `helm upgrade` leaves the CRD as it was, so
+    the new release's CRD is applied first with the documented `helm show crds <chart> | kubectl apply
+    --server-side --force-conflicts -f -`, over the CRD Helm created. Done on a copy of the CRD under a group of
+    its own (the suite's CRD stays as it is): the earlier release is the current CRD less one field."""
+    from e2e.testbed.convergence import wait_established
+    from vllm_operator import crd
+
+    group = "upgrade-test.vllm-operator.io"
+    new = crd.crd()
+    new["metadata"]["name"] = f"{new['spec']['names']['plural']}.{group}"
+    new["spec"]["group"] = group
+    old = copy.deepcopy(new)
+    cache = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["cache"]
+    del cache["properties"]["persistentVolumeClaimRetentionPolicy"]
+    name = new["metadata"]["name"]
+
+    def field_served() -> bool:
+        live = json.loads(control_plane.kubectl("get", "crd", name, "-o", "json").stdout)
+        live_cache = live["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+            "cache"]
+        return "persistentVolumeClaimRetentionPolicy" in live_cache["properties"]
+
+    helm, release = Helm(control_plane, namespace), release_name()
+    try:
+        helm.install(release, {}, chart=str(_crd_chart(tmp_path / "old", "1.0.0", old)))
+        wait_established(control_plane, name)
+        assert not field_served()
+        new_chart = _crd_chart(tmp_path / "new", "1.0.1", new)
+        assert helm.upgrade(release, {}, chart=str(new_chart))["info"]["status"] == "deployed"
+        assert not field_served(), "helm upgrade changed a CRD: docs/install.md says it never does"
+
+        with generate.helm_python().Chart.load(str(new_chart)) as chart:  # what `helm show crds` prints
+            shown = "\n---\n".join(c["data"] for c in chart.crds)
+        control_plane.kubectl(*documented_crd_step(), input=shown)
+        assert field_served()
+        live = json.loads(control_plane.kubectl("get", "crd", name, "-o", "json", "--show-managed-fields").stdout)
+        appliers = {m["manager"] for m in live["metadata"]["managedFields"] if m["operation"] == "Apply"}
+        assert "kubectl" in appliers, live["metadata"]["managedFields"]
+    finally:
+        control_plane.kubectl("delete", "crd", name, "--ignore-not-found", check=False)

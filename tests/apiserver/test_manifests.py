@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
+import shlex
 
 import pytest
 
@@ -89,3 +91,19 @@ def test_bundle_gives_the_objects_helm_install_gives(clean):
         assert is_subset(o, got), f"{o['kind']}/{o['metadata']['name']} is not what the bundle says"
         assert comparable(got) == by_helm[(o["kind"], o["metadata"]["name"])], o["kind"]
         assert got["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kubectl"
+
+
+def test_the_bundle_upgrades_with_the_documented_server_side_apply(clean):
+    """docs/install.md#upgrade: with the kubectl bundle, one server-side apply of the new bundle does both the CRD
+    and the operator, over a client-side `kubectl apply` install (docs/install.md#install). Run as written."""
+    install = (ROOT / "docs" / "install.md").read_text()
+    [command] = re.findall(r"`(kubectl apply --server-side[^`]*manifests/vllm-operator\.yaml)`", install)
+    apply_bundle(clean)
+    argv = [str(BUNDLE) if a == "manifests/vllm-operator.yaml" else a for a in shlex.split(command)]
+    p = clean.kubectl(*argv[1:], check=False)
+    assert p.returncode == 0, p.stderr
+    for o in INSTALLED:
+        assert is_subset(o, live(clean, o)), f"{o['kind']}/{o['metadata']['name']}"
+    crd = json.loads(clean.kubectl("get", "crd", "vllmservers.vllm-operator.io", "-o", "json",
+                                   "--show-managed-fields").stdout)
+    assert any(m["operation"] == "Apply" for m in crd["metadata"]["managedFields"]), "not applied server-side"

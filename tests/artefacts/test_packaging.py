@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import subprocess
+import textwrap
 import sys
 import tomllib
 import zipfile
@@ -497,8 +498,40 @@ def test_name_overrides_and_the_global_registry_standalone(values, name, label, 
     assert d["spec"]["template"]["spec"]["containers"][0]["image"] == image
 
 
+def rendered_notes(values=None, release="ops", namespace="vllm-operator") -> str:
+    hp = generate.helm_python()
+    with hp.Chart.load(str(CHART)) as chart:
+        rendered = chart.render(values or {}, name=release, namespace=namespace, revision=1, is_install=True)
+    return rendered["vllm-operator/templates/NOTES.txt"]
+
+
 def test_notes_are_true_for_an_install_from_the_oci_registry():
-    """NOTES.txt names nothing that only a clone of the repository has."""
-    notes = (CHART / "templates" / "NOTES.txt").read_text()
-    assert "from the vllm-operator repository" not in notes and "kubectl apply -f examples/" not in notes
-    assert "kubectl apply -f - <<" in notes and "kind: VLLMServer" in notes
+    """NOTES.txt, as Helm renders it after an install from the OCI registry (issue 20: it pointed to a file "from
+    the repository"): it names no path of a checkout; its inline server is valid for the API server's schema and
+    the operator and fits as it says; the logs and metrics name the release's objects; the upgrade is
+    docs/install.md's, CRDs first."""
+    from vllm_operator import api, crd, pipeline
+
+    notes = rendered_notes()
+    assert not re.search(r"\b(docs|examples|charts|crds|manifests)/", notes), notes
+    server = textwrap.dedent(notes.split("<<'END'\n", 1)[1].split("\n  END\n", 1)[0])
+    doc = yaml.safe_load(server)
+    assert crd.schema_problems(doc) == []
+    spec = api.VLLMServer.model_validate(doc).spec
+    plan = pipeline.plan_server(doc["metadata"]["name"], "default", spec, hf_endpoint=None)
+    assert not plan.problems, plan.problems
+    assert "one 8B model on one 24 GB GPU" in notes and spec.gpu.count == 1
+    assert "hf-token" in notes.split("kubectl create secret generic ", 1)[1].split()[0]
+    assert (spec.hf_token_secret_ref.name, spec.hf_token_secret_ref.key) == ("hf-token", "token")
+    objects = render(release="ops", namespace="vllm-operator")
+    name = deployment(objects)["metadata"]["name"]
+    assert f"kubectl -n vllm-operator logs deploy/{name}" in notes
+    (service,) = by_kind(objects, "Service")
+    assert f"service {service['metadata']['name']}:{service['spec']['ports'][0]['port']}/metrics" in notes
+    install = (ROOT / "docs" / "install.md").read_text()
+    crd_step = re.search(r"^\s*\| (kubectl apply [^\n]*-f -)$", install, re.M).group(1)
+    assert f"helm show crds <this chart at the new version> | {crd_step}" in notes
+    lines = notes.splitlines()
+    crds_first = next(i for i, line in enumerate(lines) if "helm show crds" in line)
+    upgrade = next(i for i, line in enumerate(lines) if line.strip().startswith("helm upgrade ops "))
+    assert crds_first < upgrade and "-n vllm-operator" in lines[upgrade]

@@ -147,11 +147,13 @@ def test_no_annotation_makes_the_credential_check_slow(text):
     # With the quadratic expression the first took about 17 s; a 400 KB annotation froze the operator. The CRD
     # bounds spec.podAnnotations' values (refused by the schema, in `plan` as by the API server); the pod template
     # patch's annotations are free-form (its whole size bounded at 64 KiB), so the credential check walks them.
-    t0 = time.monotonic()
+    # The CPU time of this thread, not the wall clock: what other processes on a loaded machine take is not counted
+    # (2.30 s of wall clock was seen at load 18 on 2 cores, for about 0.2 s of CPU).
+    t0 = time.thread_time()
     assert refusals(document({"podAnnotations": {"note": text}})) == [
         f"spec.podAnnotations.note: may not be longer than {api.MAX_ANNOTATION_VALUE} characters (it has {len(text)})"]
     assert refusals(document({"podTemplatePatch": {"metadata": {"annotations": {"note": text[:60_000]}}}})) == []
-    assert time.monotonic() - t0 < 2.0
+    assert time.thread_time() - t0 < 2.0
 
 
 @pytest.mark.parametrize("name", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "DB_PASSWORD",

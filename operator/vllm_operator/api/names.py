@@ -140,9 +140,15 @@ def _size_with_unit(value: Any) -> Any:
     return _int_to_str(value)
 
 
+#: The integer-or-string union of a Kubernetes quantity: the one anyOf a structural schema allows (beside
+#: x-kubernetes-int-or-string), as controller-gen declares resource.Quantity in CRDs.
+INT_OR_STRING_ANY_OF = ({"type": "integer"}, {"type": "string"})
+
 #: The API server's schema for a quantity: a number or a string of Kubernetes' quantity grammar, as in a pod's
-#: resources; an object, a list or "24 GiB" are refused at admission, naming the field.
-_QUANTITY_SCHEMA = {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN, "maxLength": 64}
+#: resources; an object, a list or "24 GiB" are refused at admission, naming the field. The models' JSON schema
+#: carries it whole (crd.py copies it into the CRD as it is).
+_QUANTITY_SCHEMA = {"x-kubernetes-int-or-string": True, "anyOf": [dict(t) for t in INT_OR_STRING_ANY_OF],
+                    "pattern": QUANTITY_PATTERN, "maxLength": 64}
 
 #: A Kubernetes quantity: "8", 8, "500m", "64Gi" (resources).
 Quantity = Annotated[str, BeforeValidator(_int_to_str), AfterValidator(_check_quantity),
