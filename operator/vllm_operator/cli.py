@@ -11,9 +11,10 @@ from typing import Any, Optional, TextIO, Union
 
 import yaml
 
-from . import api, builders, catalog, crd, documents, pipeline
+from . import api, catalog, crd, documents, pipeline
 from .sources import hub
 from .planner import GiB, Plan
+from .postbuild import Built
 from .urlpolicy import URLPolicy
 
 BAR_WIDTH = 60
@@ -148,8 +149,9 @@ def input_files(paths: list[str]) -> list[str]:
     return files
 
 
-def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[tuple[str, Plan]], bool]:
-    """Load and plan every document of every file; print document errors. Returns ([(file, plan)], all_ok)."""
+def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[tuple[str, Built]], bool]:
+    """Load, plan, build and check every document of every file (pipeline.build_server, as the reconciler does);
+    print document errors. Returns ([(file, built)], all_ok): each plan with its children."""
     ok, plans = True, []
     try:
         settings = hub_settings(args)
@@ -164,7 +166,7 @@ def _plans(args: argparse.Namespace, err: TextIO) -> tuple[list[tuple[str, Plan]
 
 
 def _plans_of(path: str, settings: tuple[Optional[str], Union[str, bool, None]], args: argparse.Namespace,
-              err: TextIO) -> tuple[list[Plan], bool]:
+              err: TextIO) -> tuple[list[Built], bool]:
     try:
         text = _read(path) if not os.path.isdir(path) else ""
     except OSError as exc:
@@ -196,11 +198,12 @@ def _plans_of(path: str, settings: tuple[Optional[str], Union[str, bool, None]],
             err.write(f"{path}: {s.metadata.name}: note: {why}\n")
         assert namespace is not None
         endpoint, token = settings
-        plan = pipeline.plan_server(s.metadata.name, namespace, s.spec, hf_endpoint=endpoint,
-                                    hf_token=token, allow_unsafe_args=api.allows_unsafe_args(s.metadata),
-                                    local_config=getattr(args, "model_config", None), urls=url_policy(args, endpoint))
-        plans.append(plan)
-        ok = ok and plan.fits
+        built = pipeline.build_server(s.metadata.name, namespace, s.spec, hf_endpoint=endpoint,
+                                      hf_token=token, allow_unsafe_args=api.allows_unsafe_args(s.metadata),
+                                      local_config=getattr(args, "model_config", None),
+                                      urls=url_policy(args, endpoint))
+        plans.append(built)
+        ok = ok and built.plan.fits
     return plans, ok
 
 
@@ -256,30 +259,29 @@ def _problems(path: str, plan: Plan, err: TextIO) -> None:
 def cmd_plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plans, ok = _plans(args, err)
     if args.output == "json":
-        out.write(json.dumps([plan_json(p) for _, p in plans], indent=2) + "\n")
+        out.write(json.dumps([plan_json(b.plan) for _, b in plans], indent=2) + "\n")
     else:
-        for _, p in plans:
-            render_table(p, out)
-    for path, p in plans:
-        _problems(path, p, err)
+        for _, b in plans:
+            render_table(b.plan, out)
+    for path, b in plans:
+        _problems(path, b.plan, err)
     return 0 if ok else 1
 
 
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     plans, ok = _plans(args, err)
     objects = []
-    for path, p in plans:
+    for path, b in plans:
+        p = b.plan
         if p.flags is not None and (warning := p.flags.warning()):  # rendered all the same: a warning, no refusal
             err.write(f"{path}: {p.name}: warning: {warning}\n")
         if p.layout:  # maxNodes: which layout the objects below are, and why (stderr: the YAML stays whole)
             err.write(f"{path}: {p.name}: {p.layout}\n")
-        built = builders.build_all(p) if p.fits else []
-        too_large = builders.oversized(built)
-        if p.fits and not too_large:
-            objects += built
+        if p.fits and not b.oversized:
+            objects += b.children
             continue
         _problems(path, p, err)
-        for line in too_large:
+        for line in b.oversized:
             err.write(f"{path}: {p.name}: {line}\n")
         ok = False
     if args.output == "json":

@@ -121,9 +121,16 @@ def _mount_problems(where: str, mounts: list[api.VolumeMount], volumes: set[str]
 # --------------------------------------------------------------------------- the final template
 def template_problems(plan: Plan) -> list[Problem]:
     """The final pod template (after spec.podTemplatePatch) against the rules of the module's docstring.
-    Call on a plan without other problems (the template needs its numbers)."""
+    Call on a plan without other problems (the template needs its numbers). The operator and the CLI check the
+    template they build once (postbuild.build_and_check, through final_template)."""
+    return final_template(plan, builders.base_pod_template(plan))[1]
+
+
+def final_template(plan: Plan, base: dict[str, Any]) -> tuple[Optional[dict[str, Any]], list[Problem]]:
+    """The pod template after spec.podTemplatePatch over `base` (builders.base_pod_template), and what the rules
+    of the module's docstring find in it; the template is None when the patch makes none (past its bounds, a
+    metadata or spec that is not a map)."""
     spec = plan.spec
-    base = builders.base_pod_template(plan)
     if spec.pod_template_patch is None:
         final = base
     else:
@@ -132,9 +139,14 @@ def template_problems(plan: Plan) -> list[Problem]:
             final = strategic_merge.apply(base, spec.pod_template_patch)
         except strategic_merge.PatchError as exc:
             path = exc.path if exc.path.startswith(PATCH_FIELD) else f"{PATCH_FIELD}.{exc.path}"
-            return _bounded([Problem(path, exc.message)])
+            return None, _bounded([Problem(path, exc.message)])
     if not isinstance(final.get("spec"), dict) or not isinstance(final.get("metadata"), dict):
-        return [Problem(PATCH_FIELD, "its metadata and spec must be maps")]
+        return None, [Problem(PATCH_FIELD, "its metadata and spec must be maps")]
+    return final, _final_problems(plan, base, final)
+
+
+def _final_problems(plan: Plan, base: dict[str, Any], final: dict[str, Any]) -> list[Problem]:
+    spec = plan.spec
     shape = _shape_problems(final["spec"])
     if shape:
         return _bounded(shape)
@@ -522,11 +534,3 @@ def _metadata(final: dict[str, Any]) -> list[Problem]:
     return [Problem(f"{PATCH_FIELD}.metadata.{key}", "must be a map of strings") for key in ("labels", "annotations")
             if meta.get(key) is not None and not (isinstance(meta[key], dict)
                                                   and all(isinstance(v, str) for v in meta[key].values()))]
-
-
-def problems(plan: Plan) -> list[Problem]:
-    """Both checks: the typed fields always, the final template once the rest of the plan fits."""
-    found = spec_problems(plan.spec)
-    if plan.fits and not found:
-        found += template_problems(plan)
-    return found

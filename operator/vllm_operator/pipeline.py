@@ -1,6 +1,7 @@
-"""The path from a VLLMServer spec to its plan, the same offline (`plan`, `render`) and in the reconciler:
-`plan_server` resolves the model (sources/model_facts.py: the only step that may do I/O, a config.json or Hub
-lookup), calls the pure planner and checks the final pod template (escape_hatches.py).
+"""The path from a VLLMServer spec to its plan and children, the same offline (`plan`, `render`) and in the
+reconciler: `build_server` resolves the model (sources/model_facts.py: the only step that may do I/O, a config.json
+or Hub lookup), calls the pure planner, then builds and checks the children (postbuild.py: the pod template built
+once, checked against the escape hatches' rules).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import re
 from typing import Any, Callable, Optional, Union
 
 
-from . import adapters, api, catalog, chattemplate, escape_hatches, planner
+from . import adapters, api, catalog, chattemplate, escape_hatches, planner, postbuild
 from .sources import hub, model_facts
 from .urlpolicy import URLPolicy
 from .validation import Problem
@@ -72,11 +73,18 @@ def adapter_facts(spec: api.VLLMServerSpec, hf_endpoint: Optional[str],
     return out
 
 
-def plan_server(
+def plan_server(name: str, namespace: str, spec: api.VLLMServerSpec, **options: Any) -> planner.Plan:
+    """The plan of build_server (its `options`), with every problem its steps found."""
+    return build_server(name, namespace, spec, **options).plan
+
+
+def build_server(
     name: str,
     namespace: str,
     spec: api.VLLMServerSpec,
     *,
+    owner: Optional[dict[str, Any]] = None,
+    prepare: Optional[Callable[[list[dict[str, Any]]], list[dict[str, Any]]]] = None,
     hf_endpoint: Optional[str] = None,
     fetch: Callable[..., dict] = model_facts.fetch_config,
     default_prometheus_url: Optional[str] = None,
@@ -88,8 +96,10 @@ def plan_server(
     chat_template: Callable[[str], Optional[str]] = chattemplate.problem,
     read_file: Callable[..., Any] = hub.file_json,
     hf_token_repos: Optional[tuple[str, ...]] = None,
-) -> planner.Plan:
-    """Resolve model and GPU, then plan. Never raises for bad input: problems land in the plan.
+) -> postbuild.Built:
+    """Resolve model and GPU, plan, then build and check the children (postbuild.build_and_check: `owner` owns
+    them, `prepare` is what the caller does to them before sending). Never raises for bad input: problems land
+    in the plan, and then there are no children.
 
     `allow_unsafe_args`: api.allows_unsafe_args(metadata), the escape hatch for --host/--port in extraArgs.
     `local_config`: a config.json (or a directory holding one) of this machine that gives the model's facts in
@@ -108,7 +118,7 @@ def plan_server(
                         model_error_field=found.error_field, default_prometheus_url=default_prometheus_url,
                         allow_unsafe_args=allow_unsafe_args, urls=urls, adapter_facts=facts)
     _after_plan(plan, spec, found, chat_template)
-    return plan
+    return postbuild.build_and_check(plan, owner, prepare)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +171,8 @@ def _resolve_base(spec: api.VLLMServerSpec, base: str, resolving: dict[str, Any]
 def _after_plan(plan: planner.Plan, spec: api.VLLMServerSpec, found: _Resolution,
                 chat_template: Callable[[str], Optional[str]]) -> None:
     """The checks after the plan, into it: the model's notes, the chat template, a quantized checkpoint planned
-    as 16-bit, and last the final pod template (after spec.podTemplatePatch) once everything else fits."""
+    as 16-bit, and last the typed fields of the escape hatches (the final pod template is checked once it is
+    built: postbuild.py)."""
     model, base = found.model, found.base
     if model is not None:
         plan.notes.extend(model.notes)
@@ -173,4 +184,4 @@ def _after_plan(plan: planner.Plan, spec: api.VLLMServerSpec, found: _Resolution
         plan.notes.append(f"{spec.model.name} looks like a quantized checkpoint of {base}, but model.quantization is "
                           "none: its weights were sized as 16-bit; set model.quantization (e.g. awq_marlin) to size "
                           "them right")
-    plan.problems.extend(escape_hatches.problems(plan))
+    plan.problems.extend(escape_hatches.spec_problems(plan.spec))

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from vllm_operator import api, generate
-from vllm_operator.controller import reconcile
+from vllm_operator import server_status
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -265,7 +265,7 @@ def test_kubectl_wait_is_for_the_condition_the_operator_sets_when_a_replica_serv
     assert option(wait, "-n", "--namespace") == example["metadata"]["namespace"]
     condition = option(wait, "--for")
     assert condition == "condition=Ready"
-    assert condition.split("=", 1)[1] in reconcile.OWN_CONDITIONS
+    assert condition.split("=", 1)[1] in server_status.OWN_CONDITIONS
     ready_column = next(c for c in crd["spec"]["versions"][0]["additionalPrinterColumns"] if c["name"] == "Ready")
     assert ready_column["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
 

@@ -1,8 +1,9 @@
 """The escape hatches: extra volumes and containers, and spec.podTemplatePatch checked on the final pod template.
 
 strategic_merge.apply is compared with the real strategic merge patch (`kubectl patch --local --type=strategic`, apimachinery's
-code, no server needed) on the cases the subset covers; escape_hatches.problems is checked on what a patch may and may not
-do (docs/escape-hatches.md).
+code, no server needed) on the cases the subset covers; the escape hatches' rules are checked, through the plan as
+`plan` and the operator check them (postbuild.build_and_check), on what a patch may and may not do
+(docs/escape-hatches.md).
 """
 
 from __future__ import annotations

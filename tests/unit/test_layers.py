@@ -28,8 +28,8 @@ PACKAGE = ROOT / "operator" / "vllm_operator"
 #: layer. A part missing here fails test_every_part_has_a_layer: a new module says where it belongs.
 LAYERS: dict[str, str] = {
     "": "core", "api": "core", "catalog": "core", "planner": "core", "validation": "core",
-    "builders": "core", "escape_hatches": "core", "podsecurity": "core", "strategic_merge": "core",
-    "conditions": "core", "documents": "core", "bounds": "core",
+    "builders": "core", "postbuild": "core", "escape_hatches": "core", "podsecurity": "core", "strategic_merge": "core",
+    "conditions": "core", "server_status": "core", "documents": "core", "bounds": "core",
     "urlpolicy": "core", "vllm_flags": "core", "crd": "core", "adapters": "core",
     "sources": "sources", "pipeline": "sources", "chattemplate": "sources",
     "kube": "runtime", "telemetry": "runtime", "informers": "runtime", "kopfext": "runtime",
@@ -54,7 +54,7 @@ NOT_IN_CORE = ("kubernetes", "kopf", "prometheus_client", "aiohttp", "huggingfac
 #: What `import` of the pure core's entry points may load, run in a fresh interpreter.
 CORE_IMPORTS = ("vllm_operator.api", "vllm_operator.planner", "vllm_operator.builders", "vllm_operator.validation",
                 "vllm_operator.catalog", "vllm_operator.catalog.gpus", "vllm_operator.crd", "vllm_operator.documents",
-                "vllm_operator.escape_hatches")
+                "vllm_operator.escape_hatches", "vllm_operator.postbuild", "vllm_operator.server_status")
 
 
 def part_of(module: str) -> str:

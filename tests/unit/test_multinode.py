@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from vllm_operator import api, builders, cli, pipeline, validation
-from vllm_operator.controller.reconcile import pod_templates, workload_progress
+from vllm_operator.server_status import pod_templates, workload_progress
 from vllm_operator.planner import Plan
 from vllm_operator.planner.stages import stage_sizes
 

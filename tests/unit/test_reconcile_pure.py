@@ -9,7 +9,7 @@ from e2e.testbed.memory_world import NS, World
 from vllm_operator.kube.client import ApiError
 from vllm_operator.conditions import Conditions, condition
 from vllm_operator.controller.drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
-from vllm_operator.controller.reconcile import workload_progress
+from vllm_operator.server_status import workload_progress
 
 
 def test_subset_ignores_server_defaults_but_not_changes():
@@ -273,7 +273,7 @@ def test_an_image_release_without_a_flag_snapshot_is_a_warning_condition_not_a_r
 
 
 def test_the_claims_refusal_is_recognised_in_both_wordings_and_nothing_else():
-    from vllm_operator.controller.reconcile import immutable_claims_refused
+    from vllm_operator.controller.apply import immutable_claims_refused
 
     def err(status, message):
         return ApiError(status, json.dumps({"message": message}), "PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/s")

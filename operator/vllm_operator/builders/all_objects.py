@@ -33,8 +33,10 @@ def oversized(objects: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def build_all(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:
-    """Every object one VLLMServer wants, in apply order. The plan must fit."""
+def build_all(plan: Plan, owner: Optional[dict] = None,
+              template: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+    """Every object one VLLMServer wants, in apply order. The plan must fit. `template`: the workload's pod template,
+    already built and checked (postbuild.build_and_check); pod_template(plan) otherwise."""
     if not plan.fits:
         raise ValueError("cannot build objects for a plan with problems: " + "; ".join(map(str, plan.problems)))
     spec = plan.spec
@@ -42,12 +44,12 @@ def build_all(plan: Plan, owner: Optional[dict] = None) -> list[dict[str, Any]]:
     if spec.cache is not None and spec.cache.shared:
         objects.append(build_shared_cache_claim(plan, owner))  # before the pods that mount it
     if is_group(spec):
-        objects.append(build_leaderworkerset(plan, owner))  # LWS makes the group's headless Service itself
+        objects.append(build_leaderworkerset(plan, owner, template))  # LWS makes the group's headless Service itself
     elif spec.workload == "StatefulSet":
         objects.append(build_headless_service(plan, owner))
-        objects.append(build_statefulset(plan, owner))
+        objects.append(build_statefulset(plan, owner, template))
     else:
-        objects.append(build_daemonset(plan, owner))
+        objects.append(build_daemonset(plan, owner, template))
     if wants_pdb(spec):
         objects.append(build_pdb(plan, owner))
     if spec.autoscaling.enabled and spec.workload == "StatefulSet":

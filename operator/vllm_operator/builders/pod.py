@@ -192,8 +192,8 @@ def extra_container(container: api.Container, native_sidecar: bool = False) -> d
 
 
 def pod_template(plan: Plan) -> dict[str, Any]:
-    """The pod template, with spec.podTemplatePatch applied last (escape_hatches.problems checks the result before a
-    plan with a patch can be built)."""
+    """The pod template, with spec.podTemplatePatch applied last (the operator and the CLI build it once and check
+    it before the workload takes it: postbuild.build_and_check)."""
     base = base_pod_template(plan)
     patch = plan.spec.pod_template_patch
     return strategic_merge.apply(base, patch) if patch else base

@@ -3,6 +3,7 @@ of a leader and its workers."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 from .. import api
@@ -20,7 +21,9 @@ def owns_replicas(spec: api.VLLMServerSpec) -> bool:
     return not spec.autoscaling.enabled
 
 
-def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+def build_statefulset(plan: Plan, owner: Optional[dict] = None,
+                      template: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """`template`: the pod template, already built (pod_template's)."""
     spec = plan.spec
     sts_spec: dict[str, Any] = {
         "serviceName": headless_service_name(plan.name),
@@ -28,7 +31,7 @@ def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any
         "podManagementPolicy": "Parallel",
         "selector": {"matchLabels": selector_labels(plan.name)},
         "updateStrategy": {"type": "RollingUpdate"},
-        "template": pod_template(plan),
+        "template": template if template is not None else pod_template(plan),
     }
     if owns_replicas(spec):
         sts_spec["replicas"] = spec.replicas
@@ -47,7 +50,8 @@ def build_statefulset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any
             "spec": sts_spec}
 
 
-def build_daemonset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+def build_daemonset(plan: Plan, owner: Optional[dict] = None,
+                    template: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -55,7 +59,7 @@ def build_daemonset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": selector_labels(plan.name)},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": pod_template(plan),
+            "template": template if template is not None else pod_template(plan),
         },
     }
 
@@ -65,9 +69,10 @@ def is_group(spec: api.VLLMServerSpec) -> bool:
     return spec.nodes > 1
 
 
-def leader_template(plan: Plan) -> dict[str, Any]:
-    """A group's leader: the single-node pod (probes, Services, drain) with the coordination port."""
-    template = pod_template(plan)
+def leader_template(plan: Plan, pod: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """A group's leader: the single-node pod (probes, Services, drain) with the coordination port. `pod`: the pod
+    template, already built (copied here)."""
+    template = copy.deepcopy(pod) if pod is not None else pod_template(plan)
     template["metadata"]["labels"][ROLE_LABEL] = "leader"
     vllm = template["spec"]["containers"][0]
     vllm["ports"] = list(vllm.get("ports") or []) + [
@@ -75,10 +80,11 @@ def leader_template(plan: Plan) -> dict[str, Any]:
     return template
 
 
-def worker_template(plan: Plan) -> dict[str, Any]:
+def worker_template(plan: Plan, pod: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """A group's worker: the same pod running vLLM --headless (no API server, so no probes and no HTTP port; the
-    kubelet restarts it on exit and the LeaderWorkerSet then recreates the whole group)."""
-    template = pod_template(plan)
+    kubelet restarts it on exit and the LeaderWorkerSet then recreates the whole group). `pod`: the pod template,
+    already built (copied here)."""
+    template = copy.deepcopy(pod) if pod is not None else pod_template(plan)
     template["metadata"]["labels"][ROLE_LABEL] = "worker"
     vllm = template["spec"]["containers"][0]
     vllm["args"] = list(vllm["args"]) + ["--headless"]
@@ -88,12 +94,15 @@ def worker_template(plan: Plan) -> dict[str, Any]:
     return template
 
 
-def build_leaderworkerset(plan: Plan, owner: Optional[dict] = None) -> dict[str, Any]:
+def build_leaderworkerset(plan: Plan, owner: Optional[dict] = None,
+                          template: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """spec.nodes > 1: one LeaderWorkerSet group of `nodes` pods per replica. The leader serves the API, the
     workers join it (vLLM's --nnodes/--node-rank/--master-addr from the LWS variables). LeaderCreated: the workers
     start with the leader, since the leader's vLLM is ready only once every worker has joined (LeaderReady would
-    wait forever). A pod that fails recreates its whole group (a vLLM engine cannot lose a rank)."""
+    wait forever). A pod that fails recreates its whole group (a vLLM engine cannot lose a rank). `template`: the
+    pod template, already built; built here once otherwise, for the leader and the worker."""
     spec = plan.spec
+    pod = template if template is not None else pod_template(plan)
     lws_spec: dict[str, Any] = {
         "startupPolicy": "LeaderCreated",
         "rolloutStrategy": {"type": "RollingUpdate",
@@ -101,8 +110,8 @@ def build_leaderworkerset(plan: Plan, owner: Optional[dict] = None) -> dict[str,
         "leaderWorkerTemplate": {
             "size": spec.nodes,
             "restartPolicy": "RecreateGroupOnPodRestart",
-            "leaderTemplate": leader_template(plan),
-            "workerTemplate": worker_template(plan),
+            "leaderTemplate": leader_template(plan, pod),
+            "workerTemplate": worker_template(plan, pod),
         },
     }
     if owns_replicas(spec):

@@ -1,4 +1,6 @@
-"""Reconcile one VLLMServer: plan, apply the children with server-side apply, prune, report status.
+"""Reconcile one VLLMServer: plan, apply the children with server-side apply, prune, report status. This module
+is the entry and its steps; applying and pruning the children is apply.py's (mixed into the Reconciler), what the
+status says and which Events it emits is server_status.py's (pure).
 
 Level-based and idempotent: every call reads the current object and its children and
 converges them on what the spec wants, whatever happened before (operator restarts,
@@ -19,42 +21,28 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from .. import adapters as lora, api, bounds, builders, chattemplate, documents, pipeline, planner, podsecurity
+from .. import api, bounds, builders, chattemplate, documents, pipeline, planner, podsecurity, server_status
 from . import adapters, failures, kvcapacity, replan
 from .pod_admission import PodAdmission
-from .drift import HASH_ANNOTATION, is_subset, up_to_date, with_hash
-from ..kube import apierrors, events
+from .apply import BLOCKED_REASONS, NAME_CONFLICT, WORKLOAD_KINDS, Applier, Refusal, name_conflict_message
+from .drift import with_hash
+from ..kube import events
 from ..sources import model_facts, vllm_metrics
 from ..autoscaler import ownership
-from ..informers.reader import DirectReader, Reader, controlled_by
-from ..conditions import EXTRA_ARGS_UNCHECKED, Conditions, condition, extra_args_unchecked
+from ..informers.reader import DirectReader, Reader
+from ..conditions import Conditions, extra_args_unchecked
 from ..kube.client import ApiError, Kube
 from ..urlpolicy import URLPolicy
 
 log = logging.getLogger("vllm_operator.controller.reconcile")
 
-#: Status fields this reconciler owns (server-side apply on /status under its field manager);
-#: the autoscaler owns status.autoscaling and its own conditions under another manager.
-OWN_FIELDS = ("observedGeneration", "conditions", "replicas", "readyReplicas", "selector", "endpoint", "plan",
-              "kvCapacity", "adapters", "servedModels", "chatTemplate")
-OWN_CONDITIONS = ("SpecValid", "Ready", "Progressing", "Degraded", "ExternalScaler", "Stalled", "Reconciling",
-                  "PlanOutdated", EXTRA_ARGS_UNCHECKED, "AdaptersReady", "Routing")
 KEDA_API_VERSION = "keda.sh/v1alpha1"
-#: The kinds that run the pods: a server's one workload.
-WORKLOAD_KINDS = ("StatefulSet", "DaemonSet", builders.LWS_KIND)
 LWS_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
 #: How long the answer to "does this cluster serve KEDA's ScaledObject?" is trusted.
 DISCOVERY_TTL_SECONDS = 30.0
 #: How long a namespace's labels (its Pod Security level) are trusted: a no-op resync reads none.
 NAMESPACE_TTL_SECONDS = 300.0
 COMPONENT = "vllm-operator"
-#: The Degraded reason when a child's name is taken by an object this server does not control (never adopted).
-NAME_CONFLICT = "NameConflict"
-#: Degraded reasons that mean "nothing new was applied": each gets a Warning Event when it appears or its message
-#: changes.
-BLOCKED_REASONS = (NAME_CONFLICT, apierrors.API_REJECTED)
-#: Status fields an invalid spec leaves as they are: what the last valid spec deployed still serves.
-KEPT_WHILE_INVALID = ("selector", "endpoint", "plan", "kvCapacity", "adapters", "servedModels")
 
 
 #: The Routing condition's reason where the cluster lacks the Inference Extension's or Gateway API's CRDs.
@@ -63,12 +51,6 @@ ROUTING_NOT_INSTALLED = "RoutingAPINotInstalled"
 ROUTING_KINDS = [("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
                  ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("apps/v1", "Deployment"),
                  (builders.POOL_API_VERSION, "InferencePool"), (builders.ROUTE_API_VERSION, "HTTPRoute")]
-
-
-def idles_to_zero(spec: api.VLLMServerSpec) -> bool:
-    """An autoscaled StatefulSet that may go to zero when idle (and comes back on a request)."""
-    a = spec.autoscaling
-    return a.enabled and a.min_replicas == 0 and spec.workload == "StatefulSet"
 
 
 def routing_names(pool: str) -> set[tuple[str, str]]:
@@ -94,99 +76,6 @@ def utcnow() -> str:
 
 
 # --------------------------------------------------------------------------- pure helpers
-def kstatus_reconciling(conditions: Conditions) -> None:
-    """Reconciling=True while a rollout replaces pods that already serve (Ready=True and Progressing=True, the
-    rollout's reason and message), absent otherwise. kstatus (Flux, kpt, cli-utils) knows no Progressing and reads
-    Ready=True as Current: without it a rollout would pass Flux's health check before any pod runs the new spec.
-    Ready=False already reads as InProgress with Ready's message (what keeps the replicas from serving), and
-    Stalled=True (Failed) wins: kstatus takes whichever of the two comes first, so never both."""
-    progressing = conditions.true("Progressing")
-    if progressing is None or conditions.true("Ready") is None or conditions.true("Stalled") is not None:
-        conditions.remove("Reconciling")
-    else:
-        conditions.set("Reconciling", "True", progressing.reason, progressing.message)
-
-
-def own_status(status: dict[str, Any]) -> dict[str, Any]:
-    """The part of a live status this reconciler owns, to compare with what it would write."""
-    out = {k: status[k] for k in OWN_FIELDS if k in status}
-    if "conditions" in out:
-        out["conditions"] = [c for c in out["conditions"] if c.get("type") in OWN_CONDITIONS]
-    return out
-
-
-def degraded_condition(trouble: Optional[failures.Failure]) -> tuple[str, str, str]:
-    """Degraded's (status, reason, message): True with the failure's own reason (failures.py); a failure that
-    is only waiting (a node being added) is not one."""
-    if trouble is None or trouble.waiting:
-        return "False", "AsExpected", "no pod is failing"
-    return "True", trouble.reason, trouble.message
-
-
-def immutable_claims_refused(error: ApiError) -> bool:
-    """Whether the API server refused a StatefulSet update for its volumeClaimTemplates (immutable). Kubernetes
-    1.37 says "spec.volumeClaimTemplates: Invalid value: ...: field is immutable"; releases before declarative
-    validation said "spec: Forbidden: updates to statefulset spec for fields other than ... are forbidden"."""
-    if error.status != 422:
-        return False
-    message = error.message
-    return ("volumeClaimTemplates" in message and "immutable" in message) or "updates to statefulset spec" in message
-
-
-def name_conflict_message(taken: list[dict[str, Any]], server: str) -> str:
-    names = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in taken)
-    return (f"{names} already exist{'s' if len(taken) == 1 else ''} in this namespace and "
-            f"{'is' if len(taken) == 1 else 'are'} not controlled by this VLLMServer; the operator never takes over "
-            f"an object it did not create, so nothing was applied: rename the VLLMServer (or remove the other "
-            f"object{'s' if len(taken) > 1 else ''} if it is not in use); {server!r} names the client Service, "
-            "the workload and the PodDisruptionBudget")
-
-
-@dataclass
-class Refusal:
-    """The API server refused to apply this object (apierrors.REJECTED): sent again only after `not_before`,
-    unless what would be sent changes."""
-
-    digest: str
-    message: str
-    attempts: int
-    not_before: float
-
-
-def workload_progress(workload: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """Desired/ready/updated counts of the StatefulSet, DaemonSet or LeaderWorkerSet (groups) and whether it has
-    settled."""
-    if workload is None:
-        return {"desired": 0, "ready": 0, "updated": 0, "settled": False}
-    st = workload.get("status") or {}
-    gen_ok = st.get("observedGeneration", 0) >= workload["metadata"].get("generation", 0)
-    if workload["kind"] == "StatefulSet":
-        desired = workload["spec"].get("replicas", 1)
-        ready = st.get("readyReplicas", 0)
-        updated = st.get("updatedReplicas", 0)
-        revision_ok = st.get("currentRevision") == st.get("updateRevision") or updated >= desired
-        settled = gen_ok and ready >= desired and updated >= desired and revision_ok and st.get("replicas", 0) == desired
-    elif workload["kind"] == builders.LWS_KIND:  # counted in groups: a group is ready when all its pods are
-        desired = workload["spec"].get("replicas", 1)
-        ready = st.get("readyReplicas", 0)
-        updated = st.get("updatedReplicas", 0)
-        settled = gen_ok and ready >= desired and updated >= desired and st.get("replicas", 0) == desired
-    else:
-        desired = st.get("desiredNumberScheduled", 0)
-        ready = st.get("numberReady", 0)
-        updated = st.get("updatedNumberScheduled", 0)
-        settled = gen_ok and ready >= desired and updated >= desired
-    return {"desired": desired, "ready": ready, "updated": updated, "settled": settled}
-
-
-def pod_templates(workload: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pod templates of a workload: a LeaderWorkerSet's leader and worker, another kind's one."""
-    if workload["kind"] == builders.LWS_KIND:
-        group = workload["spec"]["leaderWorkerTemplate"]
-        return [t for t in (group.get("leaderTemplate"), group.get("workerTemplate")) if t]
-    return [workload["spec"]["template"]]
-
-
 def lws_missing_message(spec: api.VLLMServerSpec, max_nodes: Optional[int] = None) -> str:
     """`spec`: the plan's (spec.nodes the layout); `max_nodes`: the bound it was chosen under, if any."""
     field = f"spec.maxNodes {max_nodes} chose {spec.nodes} nodes (the fewest that fit): that" if max_nodes else \
@@ -260,7 +149,7 @@ class Pass:
 
 
 @dataclass
-class Reconciler:
+class Reconciler(Applier):
     kube: Kube
     #: The Hub models outside the catalog are looked up on (hub.py); None: none.
     hf_endpoint: Optional[str] = None
@@ -371,19 +260,23 @@ class Reconciler:
                     conditions=Conditions(status.get("conditions") or [], meta.get("generation"), self.clock()))
 
     def _plan(self, run: Pass) -> None:
-        """Spec -> plan -> the desired children (hashed), or the errors that keep them from being applied."""
+        """Spec -> plan -> the desired children, built and checked once (pipeline.build_server), hashed; or the
+        errors that keep them from being applied: the plan's, then what the cluster lacks or refuses."""
         spec, run.errors = documents.parse_spec(run.body.get("spec") or {})
         if spec is None:
             return
         kwargs: dict[str, Any] = {"fetch": self.fetch_config} if self.fetch_config is not None else {}
         run.spec = spec
-        run.plan = pipeline.plan_server(run.name, run.namespace, spec, hf_endpoint=self.hf_endpoint,
-                                        hf_token=self.hf_token() if self.hf_endpoint else False,
-                                        hf_token_repos=self.hf_token_repos,
-                                        default_prometheus_url=self.prometheus_url,
-                                        allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
-                                        configs=self.configs, urls=self.urls,
-                                        chat_template=self._template_check(run, spec.engine.chat_template), **kwargs)
+        built = pipeline.build_server(run.name, run.namespace, spec, owner=run.body,
+                                      prepare=lambda children: self._prepare(run.body, children),
+                                      hf_endpoint=self.hf_endpoint,
+                                      hf_token=self.hf_token() if self.hf_endpoint else False,
+                                      hf_token_repos=self.hf_token_repos,
+                                      default_prometheus_url=self.prometheus_url,
+                                      allow_unsafe_args=api.allows_unsafe_args(run.body["metadata"]),
+                                      configs=self.configs, urls=self.urls,
+                                      chat_template=self._template_check(run, spec.engine.chat_template), **kwargs)
+        run.plan = built.plan
         run.errors = [str(p) for p in run.plan.problems]
         if run.errors:
             run.reason = run.plan.problems[0].reason
@@ -391,15 +284,19 @@ class Reconciler:
         if builders.is_group(run.plan.spec) and not self.serves_lws():  # the plan's: maxNodes chooses the count
             run.errors, run.reason = [lws_missing_message(run.plan.spec, run.plan.max_nodes)], LWS_NOT_INSTALLED
             return
-        desired = builders.build_all(run.plan, run.body)
-        replan.mark_requested(run.body, desired)
-        run.desired = [with_hash(o) for o in desired]
+        run.desired = built.children
         forbidden = self._pod_security(run.namespace, run.desired)
         if forbidden:
             run.errors, run.reason = [forbidden], "PodSecurityForbidden"
-        too_large = builders.oversized(run.desired)
-        if too_large:
-            run.errors = too_large
+        if built.oversized:
+            run.errors = built.oversized
+
+    @staticmethod
+    def _prepare(body: dict[str, Any], children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The children as they are applied: a requested re-plan recorded on the workload (replan.py), then each
+        hashed (drift.with_hash)."""
+        replan.mark_requested(body, children)
+        return [with_hash(o) for o in children]
 
     def _template_check(self, run: Pass, template: Optional[str]) -> Callable[[str], Optional[str]]:
         """How this reconcile checks the chat template; its verdict, once known, goes into `run.template` (and
@@ -426,36 +323,14 @@ class Reconciler:
 
     def _keep_last_valid(self, run: Pass) -> api.VLLMServerStatus:
         """An invalid spec: nothing new is applied, the children of the last valid spec keep serving, and the
-        status says why (SpecValid, Degraded and Stalled False/True with the reason)."""
+        status says why (server_status.invalid_spec)."""
         run.result.valid = False
-        message = bounds.message("; ".join(run.errors))
-        old_valid = condition(run.status, "SpecValid")
-        run.conditions.set("SpecValid", "False", run.reason, message)
-        if not old_valid or old_valid.get("status") != "False" or old_valid.get("message") != message:
-            run.result.events.append(("Warning", run.reason, message))
         live = self._live_children(run.namespace, run.name, run.uid)
         workload = next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
-        progress = workload_progress(workload)
-        serving = ("the last valid version keeps running" if workload is not None
-                   else "nothing has been deployed")  # a new object never had a valid version
-        run.conditions.set("Degraded", "True", run.reason, f"the spec cannot be deployed; {serving}: {message}")
-        self._ready_conditions(run, progress, workload, stalled=True)
-        # Ready's reason is the cause (the Reason column of kubectl get): its status still counts the replicas of
-        # the last valid version, if any.
-        ready = run.conditions.get("Ready")
-        if workload is None:
-            run.conditions.set("Ready", "False", run.reason, "the spec cannot be deployed: " + message)
-        elif ready is not None:
-            run.conditions.set("Ready", ready.status, run.reason, f"{ready.message}; the last valid version "
-                               f"keeps running, this spec cannot be deployed: {message}")
-        # kstatus (Flux) reads Stalled=True as "failed, will not progress by itself" instead of
-        # waiting out its timeout on Ready=False; present while the spec is invalid or Degraded is True.
-        run.conditions.set("Stalled", "True", run.reason, message)
-        kept = api.VLLMServerStatus.from_live({k: run.status[k] for k in KEPT_WHILE_INVALID if k in run.status})
-        return api.VLLMServerStatus(observed_generation=run.generation, replicas=progress["desired"],
-                                    ready_replicas=progress["ready"], selector=kept.selector,
-                                    endpoint=kept.endpoint, plan=kept.plan, kv_capacity=kept.kv_capacity,
-                                    adapters=kept.adapters, served_models=kept.served_models)
+        status, events = server_status.invalid_spec(run.conditions, run.status, run.errors, run.reason, workload,
+                                                     run.spec)
+        run.result.events += events
+        return status
 
     def _deploy(self, run: Pass) -> api.VLLMServerStatus:
         """A valid spec: apply what is not live yet, prune what is no longer wanted, and read how the workload and
@@ -480,37 +355,31 @@ class Reconciler:
         if run.result.applied:
             run.result.events.append(("Normal", "Applied", f"applied {', '.join(run.result.applied)}; vllm serve "
                                       + " ".join(run.plan.args)))
-        progress = workload_progress(workload)
+        progress = server_status.workload_progress(workload)
         pods = self.reader.pods(run.namespace, run.name)
         trouble = self._pod_failure(run, workload, progress, pods)
-        self._health_conditions(run, progress, workload, trouble, blocked)
-        self._plan_outdated(run)
-        serves = not (blocked and workload is None)  # nothing of ours serves: no endpoint to advertise (it may be theirs)
-        plan = api.PlanStatus.model_validate(run.plan.status())
-        if run.result.outdated is not None and "plan" in run.status:
-            plan = api.PlanStatus.from_live(run.status["plan"])  # the plan the running pods were deployed with
+        server_status.health_conditions(run.conditions, progress, workload, run.spec, trouble, blocked)
+        outdated = run.result.outdated
+        run.result.events += server_status.plan_outdated(run.conditions,
+                                                         None if outdated is None else replan.message(outdated))
         rows, served = self._adapters(run, pods)
-        return api.VLLMServerStatus(
-            observed_generation=run.generation, replicas=progress["desired"], ready_replicas=progress["ready"],
-            selector=builders.selector_string(run.name) if serves else None,
-            endpoint=f"http://{run.name}.{run.namespace}.svc:{builders.PORT}/v1" if serves else None,
-            plan=plan, kv_capacity=self._kv_capacity(run, pods), adapters=rows, served_models=served)
+        return server_status.deployed(run.name, run.namespace, run.conditions, progress, run.plan, live=run.status,
+                                      outdated=outdated is not None,
+                                      serves=not (blocked and workload is None),  # else no endpoint: it may be theirs
+                                      kv_capacity=self._kv_capacity(run, pods), adapters=rows, served_models=served)
 
     def _report(self, run: Pass, status: api.VLLMServerStatus) -> None:
         """The conditions this reconciler owns into the status, which is written when it changed; the Events of
         Ready and Degraded transitions; the autoscaler's status cleared when autoscaling is off."""
-        kstatus_reconciling(run.conditions)
-        status.conditions = run.conditions.only(OWN_CONDITIONS)
-        status.chat_template = run.template
-        new_status = bounds.bounded_status(status.wire())
-        result = run.result
-        ready_condition = condition(new_status, "Ready")
-        result.ready = ready_condition is not None and ready_condition["status"] == "True"
+        report = server_status.report(status, run.conditions, run.status, chat_template=run.template,
+                                      failure_reasons=failures.REASONS, blocked_reasons=BLOCKED_REASONS)
+        result, new_status = run.result, report.status
+        result.ready = report.ready
         result.replicas, result.ready_replicas = new_status["replicas"], new_status["readyReplicas"]
-        self._transition_events(run.status, new_status["conditions"], result)
-        if new_status != own_status(run.status):
+        result.events += report.events
+        if report.changed:
             if log.isEnabledFor(logging.DEBUG):
-                old_own = own_status(run.status)
+                old_own = server_status.own_status(run.status)
                 log.debug("status of %s/%s changed: %s", run.namespace, run.name,
                           sorted(k for k in new_status if new_status.get(k) != old_own.get(k)))
             self.write_status(run.body, new_status)
@@ -519,31 +388,6 @@ class Reconciler:
             ownership.clear_status(self.kube, run.body)  # autoscaling is off: its last decision no longer applies
 
     # ---- pieces
-    def _health_conditions(self, run: Pass, progress: dict[str, Any], workload: Optional[dict[str, Any]],
-                           trouble: Optional[failures.Failure], blocked: Optional[tuple[str, str]]) -> None:
-        """Degraded (and Stalled with it), then Ready and Progressing."""
-        degraded = ("True", *blocked) if blocked else degraded_condition(trouble)
-        run.conditions.set("Degraded", *degraded)
-        if degraded[0] == "True":
-            # kstatus (Flux, kpt, cli-utils) knows no Degraded: Stalled=True makes it report the failure
-            # (a crash loop, an image it cannot pull, a name taken) instead of InProgress until its timeout.
-            # Updated in place, never dropped and re-added: its lastTransitionTime stays, a resync writes nothing.
-            run.conditions.set("Stalled", "True", degraded[1], degraded[2])
-        else:
-            run.conditions.remove("Stalled")
-        self._ready_conditions(run, progress, workload, trouble=trouble, blocked=blocked)
-
-    def _plan_outdated(self, run: Pass) -> None:
-        """PlanOutdated=True naming what a re-plan would change, while the workload keeps its plan (replan.py)."""
-        if run.result.outdated is None:
-            run.conditions.remove("PlanOutdated")
-            return
-        message = bounds.message(replan.message(run.result.outdated))
-        old = run.conditions.get("PlanOutdated")
-        if old is None or old.message != message:
-            run.result.events.append(("Normal", "PlanOutdated", message))
-        run.conditions.set("PlanOutdated", "True", "PlanChanged", message)
-
     def _kv_capacity(self, run: Pass, pods: list[dict[str, Any]]) -> Optional[api.KVCapacityStatus]:
         """status.kvCapacity (the plan's KV cache tokens beside what vLLM allocated on the ready pods) and a
         Warning event when the measurement falls materially below the plan."""
@@ -576,106 +420,11 @@ class Reconciler:
         refs = vllm_metrics.ready_pods(pods, conditions=("Ready", "ContainersReady"))
         known = self.adapter_sync.observe(run.namespace, run.name, refs, adapters.incarnations(pods), wanted)
         adapters.set_gates(self.kube, pods, known, names)
-        rows = lora.adapter_rows(names, known)
         in_service = {r.name for r in vllm_metrics.ready_pods(pods)}
-        previous = {r.get("name"): r.get("lastError") for r in run.status.get("adapters") or [] if isinstance(r, dict)}
-        sources = {a.name: a.source for a in spec.adapters}
-        for row in rows:
-            if row.get("lastError") and row["lastError"] != previous.get(row["name"]):
-                run.result.events.append(("Warning", "AdapterLoadFailed", f"adapter {row['name']} "
-                                          f"({sources[row['name']]}) did not load on {row['lastError']}; the model "
-                                          "and the other adapters keep serving"))
-        run.conditions.set("AdaptersReady", *lora.condition(rows))
-        return ([api.AdapterStatus.model_validate(r) for r in rows],
-                lora.served_models(spec.model.served_name or spec.model.name, names,
-                                   [k for k in known if k.pod in in_service]))
-
-    def _names_taken(self, desired: list[dict[str, Any]], live: dict[tuple[str, str], dict[str, Any]],
-                     uid: str) -> list[dict[str, Any]]:
-        """The wanted children whose name is taken by an object this server does not control. Only a child not
-        seen as ours is looked up (one GET): a no-op resync sends no request."""
-        taken = []
-        for obj in desired:
-            meta = obj["metadata"]
-            if (obj["kind"], meta["name"]) in live:
-                continue
-            existing = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-            if existing is not None and not controlled_by(existing, uid):
-                existing.setdefault("kind", obj["kind"])
-                taken.append(existing)
-        return taken
-
-    def _apply_children(self, run: Pass, live: dict[tuple[str, str], dict[str, Any]]
-                        ) -> tuple[Optional[dict[str, Any]], Optional[tuple[str, str]]]:
-        """Apply what is not live yet, in order; the workload as applied (or live), and (reason, message) when the
-        API server refused a child (the later ones are not sent). Seen children are removed from `live`: what
-        stays there is no longer wanted."""
-        body, spec, result = run.body, run.spec, run.result
-        assert spec is not None
-        meta = body["metadata"]
-        key = (meta["namespace"], meta["name"])
-        workload = None
-        for obj in run.desired:
-            current = live.pop((obj["kind"], obj["metadata"]["name"]), None)
-            if up_to_date(obj, current):
-                applied = current
-            elif replan.held(body, obj, current, HASH_ANNOTATION) and not self.replan_budget.take():
-                # Same spec, new plan (an operator upgrade): the pods keep running as they are (replan.py).
-                assert current is not None
-                applied, result.outdated = current, replan.difference(current, obj, is_subset)
-            else:
-                digest = f"{obj['kind']}/{obj['metadata']['name']}/{obj['metadata']['annotations'][HASH_ANNOTATION]}"
-                held = self._refused.get(key)
-                if held is not None and held.digest == digest and self.monotonic() < held.not_before:
-                    return workload or self._live_workload(live, current), (apierrors.API_REJECTED, held.message)
-                # The autoscaler owns the replicas of an autoscaled StatefulSet: make it a co-owner
-                # before this apply stops sending them, or the server would drop them (back to 1).
-                autoscaled = obj["kind"] in ("StatefulSet", builders.LWS_KIND) and not builders.owns_replicas(spec)
-                if autoscaled and current is not None:
-                    self._adopt_replicas(current, spec)
-                try:
-                    applied = self._remember(self.kube.apply(obj))
-                except ApiError as e:
-                    if self._replace_immutable(obj, e, meta["uid"]):
-                        result.events.append(("Normal", "Recreating", f"{obj['kind']} {obj['metadata']['name']}: "
-                                              "its volumeClaimTemplates changed (spec.cache), which Kubernetes "
-                                              "cannot update in place; deleted it keeping its pods, to "
-                                              "re-create it"))
-                        for type_, reason, message in result.events:
-                            self.event(body, type_, reason, message)
-                        raise
-                    if apierrors.classify(e.status) != apierrors.REJECTED:
-                        raise  # 409, 429, 5xx: the caller retries (apierrors.retry_delay)
-                    attempts = held.attempts + 1 if held is not None and held.digest == digest else 1
-                    message = apierrors.rejected_message(obj["kind"], obj["metadata"]["name"], e.status, e.message)
-                    self._refused[key] = Refusal(digest, message, attempts,
-                                                 self.monotonic() + apierrors.rejected_backoff(attempts))
-                    log.warning("%s/%s: %s", key[0], key[1], bounds.clean(message, bounds.EVENT_MESSAGE_CHARS))
-                    return workload or self._live_workload(live, current), (apierrors.API_REJECTED, message)
-                if autoscaled and current is None:
-                    self._adopt_replicas(applied, spec)
-                result.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
-            if obj["kind"] in WORKLOAD_KINDS:
-                workload = applied
-        return workload, None
-
-    @staticmethod
-    def _live_workload(live: dict[tuple[str, str], dict[str, Any]],
-                       current: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-        """The workload still running when an apply stopped short: the one being applied, or another kind's."""
-        if current is not None and current["kind"] in WORKLOAD_KINDS:
-            return current
-        return next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS), None)
-
-    def _prune(self, namespace: str, unwanted: dict[tuple[str, str], dict[str, Any]], result: Result) -> None:
-        """Delete children this server controls but no longer wants (`unwanted` holds only objects with its
-        controller reference; the delete is conditional on their uid)."""
-        for (kind, child), obj in unwanted.items():
-            if self.kube.delete(obj["apiVersion"], kind, namespace, child, uid=obj["metadata"]["uid"]):
-                result.pruned.append(f"{kind}/{child}")
-            self.reader.forget(obj)
-        if result.pruned:
-            result.events.append(("Normal", "Pruned", "removed " + ", ".join(result.pruned)))
+        rows, served, failed = server_status.adapter_status(run.conditions, spec, known, run.status,
+                                                            in_service=in_service)
+        run.result.events += failed
+        return rows, served
 
     def _pod_security(self, namespace: str, desired: list[dict[str, Any]]) -> Optional[str]:
         """Why the namespace's Pod Security level would refuse the workload's pods, if it would: the offline reading
@@ -683,7 +432,7 @@ class Reconciler:
         level = podsecurity.enforced_level(self.namespace_labels(namespace))
         for obj in desired:
             if obj["kind"] in WORKLOAD_KINDS:
-                for template in pod_templates(obj):  # a LeaderWorkerSet's leader and worker
+                for template in server_status.pod_templates(obj):  # a LeaderWorkerSet's leader and worker
                     found = podsecurity.violations(template["spec"], level,
                                                    template["metadata"].get("annotations"))
                     if found:
@@ -710,10 +459,6 @@ class Reconciler:
                 labels = None
             hit = self._namespaces[namespace] = (labels, now)
         return hit[0]
-
-    def _adopt_replicas(self, sts: dict[str, Any], spec: api.VLLMServerSpec) -> None:
-        a = spec.autoscaling
-        ownership.adopt_replicas(self.kube, sts, a.min_replicas, a.max_replicas, self.kube.field_manager)
 
     def _external_scaler(self, run: Pass) -> None:
         """The ExternalScaler condition for autoscaling.mode HPA/KEDA; a ScaledObject is left out of the desired
@@ -790,98 +535,8 @@ class Reconciler:
                 log.warning("could not read the Events of %s/%s: %s", run.namespace, workload["metadata"]["name"], e)
         return failures.classify(pods, found, workload=workload, now=run.now)
 
-    def _ready_conditions(self, run: Pass, progress: dict[str, Any], workload: Optional[dict[str, Any]],
-                          stalled: bool = False, trouble: Optional[failures.Failure] = None,
-                          blocked: Optional[tuple[str, str]] = None) -> None:
-        """Ready (are the replicas serving, and if not, why) and Progressing (is the workload rolling out)."""
-        conditions = run.conditions
-        desired, ready = progress["desired"], progress["ready"]
-        if workload is None and blocked is not None:  # nothing applied: a name conflict or a refused apply
-            conditions.set("Ready", "False", *blocked)
-            conditions.set("Progressing", "False", *blocked)
-            return
-        if workload is None:
-            conditions.set("Ready", "False", "NoWorkload", "no workload has been created")
-            conditions.set("Progressing", "False" if stalled else "True", run.reason if stalled else "Creating",
-                           "waiting for a valid spec" if stalled else "creating the workload")
-            return
-        unit = "groups" if workload["kind"] == builders.LWS_KIND else "replicas"  # a group is a replica of nodes
-        if desired == 0 and workload["kind"] == "DaemonSet":
-            # A DaemonSet's count is the nodes it matches: zero is not a choice but a cluster that has
-            # no such node (a GPU product label that no node carries, a taint not tolerated).
-            if progress["settled"]:
-                ready_c = ("False", "NoMatchingNodes",
-                           "the DaemonSet runs on no node: no schedulable node matches its node selector "
-                           + (builders.node_requirements_text(workload["spec"]["template"]["spec"]) or "(none)")
-                           + " and tolerates its taints (check spec.gpu.product, spec.nodeSelector, "
-                           "spec.tolerations)")
-            else:
-                ready_c = ("False", "NoReplicasReady", "waiting for the DaemonSet controller to count the nodes")
-        elif desired == 0 and run.spec is not None and idles_to_zero(run.spec):
-            ready_c = ("True", "ScaledToZero", f"idle: scaled to zero after "
-                       f"{run.spec.autoscaling.scale_to_zero.idle_seconds}s without a request; the next request "
-                       "wakes a replica (docs/scale-to-zero.md)")
-        elif desired == 0:
-            ready_c = ("True", "ScaledToZero", "no replicas requested")
-        elif ready >= desired:
-            ready_c = ("True", "AllReplicasReady", f"{ready}/{desired} {unit} ready")
-        elif ready > 0:
-            ready_c = ("False", "PartiallyReady", f"{ready}/{desired} {unit} ready")
-        elif trouble is not None:  # named: what keeps every replica from serving
-            ready_c = ("False", trouble.reason, f"0/{desired} {unit} ready: {trouble.message}")
-        else:
-            ready_c = ("False", "NoReplicasReady", f"0/{desired} {unit} ready (models load for minutes)")
-        conditions.set("Ready", *ready_c)
-        if progress["settled"]:
-            prog = ("False", "Stable", f"{workload['kind']} is up to date")
-        else:
-            prog = ("True", "RollingOut", f"{workload['kind']}: {progress['updated']}/{desired} updated, "
-                    f"{ready}/{desired} ready")
-        conditions.set("Progressing", *prog)
-
-    def _transition_events(self, old_status: dict, conditions: list[dict], result: Result) -> None:
-        """An Event when Ready changes, and one when pods start failing or fail for another reason (the
-        Event's reason is the failure's: OOMKilled, FailedCreate, ...)."""
-        old = {c["type"]: c for c in old_status.get("conditions") or []}
-        was = {t: c.get("status") for t, c in old.items()}
-        for c in conditions:
-            if c["type"] == "Ready" and was.get("Ready") != c["status"] and not (
-                    was.get("Ready") is None and c["status"] == "False"):
-                result.events.append(("Normal" if c["status"] == "True" else "Warning",
-                                      "Ready" if c["status"] == "True" else "NotReady", c["message"]))
-            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] in failures.REASONS and (
-                    was.get("Degraded") != "True" or old["Degraded"].get("reason") != c["reason"]):
-                result.events.append(("Warning", c["reason"], c["message"]))
-            if c["type"] == "Degraded" and c["status"] == "True" and c["reason"] in BLOCKED_REASONS and (
-                    was.get("Degraded") != "True" or old["Degraded"].get("reason") != c["reason"]
-                    or old["Degraded"].get("message") != c["message"]):
-                result.events.append(("Warning", c["reason"], c["message"]))
-
-    def _replace_immutable(self, obj: dict[str, Any], error: ApiError, uid: str) -> bool:
-        """A StatefulSet whose immutable fields (volumeClaimTemplates: spec.cache) must change: delete it
-        with its pods orphaned, so the next reconcile creates it anew and it adopts them (the pods then roll
-        to the new template). Only an object this operator manages; True when it was deleted."""
-        if obj["kind"] != "StatefulSet" or not immutable_claims_refused(error):
-            return False
-        meta = obj["metadata"]
-        live = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        if live is None or not controlled_by(live, uid):
-            return False
-        log.info("re-creating %s/%s: %s", meta["namespace"], meta["name"], error.message)
-        deleted = self.kube.delete(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"],
-                                   uid=live["metadata"]["uid"], propagation="Orphan")
-        if deleted:
-            self.reader.forget(live)
-        return deleted
-
-    def _remember(self, answer: dict[str, Any]) -> dict[str, Any]:
-        """Keep the answer to our own write until the watch delivers it (read-your-writes: reader.py)."""
-        self.reader.remember(answer)
-        return answer
-
     def _live_children(self, namespace: str, name: str, uid: str) -> dict[tuple[str, str], dict[str, Any]]:
         return self.reader.children(namespace, name, uid)
-
 
     def write_status(self, body: dict[str, Any], status: dict[str, Any]) -> None:
         """Server-side apply of the fields we own; fields we stop sending are removed by the server."""
