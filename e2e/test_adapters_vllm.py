@@ -68,7 +68,6 @@ NAMESPACE = "lora"
 POD_IPS = ["10.244.1.10", "10.244.1.11", "10.244.1.12", "10.244.1.13"]  # the pod network, on the namespace's lo
 LOAD_TIMEOUT = 480  # one vLLM start on 2 busy cores (about 80 s when idle)
 #: The pod's flags vLLM is started with (the operator's), and its environment variable.
-LORA_FLAGS = ("--enable-lora", "--max-loras", "--max-cpu-loras", "--max-lora-rank")
 #: Hub repos: an adapter of the tiny model, and one whose adapter_config.json names another base model.
 HUB_SQL, HUB_ALIEN = "tiny-org/sql-lora", "other-org/alien-lora"
 
@@ -91,15 +90,7 @@ class LoRAPods:
         self._lock = threading.Lock()
 
     def on_pod_start(self, pod, ip: str) -> bool:
-        container = pod.spec.containers[0]
-        args, env = list(container.args or []), {e.name: e.value for e in container.env or [] if e.value}
-        extra = []
-        for i, a in enumerate(args):
-            if a == "--enable-lora":
-                extra.append(a)
-            elif a in LORA_FLAGS:
-                extra += [a, args[i + 1]]
-        own_env = {adapters.RUNTIME_ENV: env[adapters.RUNTIME_ENV]} if adapters.RUNTIME_ENV in env else {}
+        extra, own_env = lora_adapters.pod_lora_launch(pod)
         self.kubelet.set_ready(self.namespace, pod.metadata.name, False)  # ready once this pod's vLLM answers
         self._start(pod.metadata.name, ip, extra, own_env)
         return False

@@ -43,7 +43,7 @@ from e2e.testbed.controlplane import wait_for
 from e2e.testbed.fakekubelet import FakeKubelet, free_loopback_ips
 from e2e.testbed.loadgen import LoadGenerator
 from e2e.testbed.serviceaccount import service_account_kubeconfig
-from vllm_operator import adapters, api, builders, pipeline
+from vllm_operator import api, builders, pipeline
 from vllm_operator.controller.adapters import AdapterSync, list_adapters
 from vllm_operator.kube.client import Kube
 from vllm_operator.sources.vllm_metrics import PodRef, parse_vllm_metrics
@@ -61,7 +61,6 @@ SPEC = {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct", "servedName": "tiny"}, "
 JOINER_SPEC = {**SPEC, "routing": {"inferencePool": {"enabled": True, "poolName": POOL}}}
 #: The vLLM flags of the operator's pod that the test bed's vLLM is started with (the rest are the test bed's own:
 #: the tiny model, float32, the pod's address).
-LORA_FLAGS = ("--enable-lora", "--max-loras", "--max-cpu-loras", "--max-lora-rank")
 
 
 def with_adapter(adapter_dir: Path) -> dict[str, Any]:
@@ -92,19 +91,6 @@ def pool_pod(namespace: str, pod: str, plan) -> dict[str, Any]:
                                      "ports": [{"name": "http", "containerPort": 8000}]}]}}
 
 
-def lora_flags(pod: client.V1Pod) -> tuple[list[str], dict[str, str]]:
-    """The operator's LoRA flags in the pod's vLLM args, and the runtime-loading variable of its environment."""
-    [container] = pod.spec.containers
-    args, env = list(container.args or []), {e.name: e.value for e in container.env or [] if e.value}
-    extra = []
-    for i, a in enumerate(args):
-        if a == "--enable-lora":
-            extra.append(a)
-        elif a in LORA_FLAGS:
-            extra += [a, args[i + 1]]
-    return extra, ({adapters.RUNTIME_ENV: env[adapters.RUNTIME_ENV]} if adapters.RUNTIME_ENV in env else {})
-
-
 class Servers:
     """The fake kubelet's hook: a real vLLM on each pod's address, Ready once /health answers."""
 
@@ -117,7 +103,7 @@ class Servers:
 
     def on_pod_start(self, pod: client.V1Pod, ip: str) -> bool:
         name = pod.metadata.name
-        extra, env = lora_flags(pod)
+        extra, env = lora_adapters.pod_lora_launch(pod)
         server = vllm_env.start_vllm(ip, 8000, max_num_seqs=2, max_model_len=1024, extra_args=extra, env=env,
                                      log_path=self.logdir / f"vllm-{name}.log")
         self.by_pod[name], self.ip[name] = server, ip
