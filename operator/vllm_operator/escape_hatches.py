@@ -119,13 +119,6 @@ def _mount_problems(where: str, mounts: list[api.VolumeMount], volumes: set[str]
 
 
 # --------------------------------------------------------------------------- the final template
-def template_problems(plan: Plan) -> list[Problem]:
-    """The final pod template (after spec.podTemplatePatch) against the rules of the module's docstring.
-    Call on a plan without other problems (the template needs its numbers). The operator and the CLI check the
-    template they build once (postbuild.build_and_check, through final_template)."""
-    return final_template(plan, builders.base_pod_template(plan))[1]
-
-
 def final_template(plan: Plan, base: dict[str, Any]) -> tuple[Optional[dict[str, Any]], list[Problem]]:
     """The pod template after spec.podTemplatePatch over `base` (builders.base_pod_template), and what the rules
     of the module's docstring find in it; the template is None when the patch makes none (past its bounds, a
