@@ -32,15 +32,20 @@ def plan(
     return choose_nodes(name, namespace, spec, model, gpu, **options)
 
 
+def _refuses_layout(problem: Problem) -> bool:
+    """A problem of the layout: the model does not fit (DoesNotFit) or the node count cannot split it (spec.nodes:
+    more stages than layers, tensor parallelism across nodes that does not divide the heads)."""
+    return problem.reason == api.REASON_DOES_NOT_FIT or problem.field == "spec.nodes"
+
+
 def layout_refused(p: Plan) -> bool:
-    """The plan fails for its layout: the model does not fit (DoesNotFit) or the node count cannot split it
-    (spec.nodes: more stages than layers, tensor parallelism across nodes that does not divide the heads)."""
-    return any(pr.reason == api.REASON_DOES_NOT_FIT or pr.field == "spec.nodes" for pr in p.problems)
+    """The plan fails for its layout (_refuses_layout)."""
+    return any(_refuses_layout(pr) for pr in p.problems)
 
 
 def _first_refusal(p: Plan) -> str:
     """The first layout refusal of `p`, without its list of what would fit (the layout chosen is the answer)."""
-    problem = next(pr for pr in p.problems if pr.reason == api.REASON_DOES_NOT_FIT or pr.field == "spec.nodes")
+    problem = next(pr for pr in p.problems if _refuses_layout(pr))
     return f"{problem.field}: {problem.message.split('; what would fit:')[0]}"
 
 
