@@ -182,16 +182,8 @@ def node_problems(spec: VLLMServerSpec) -> list[Problem]:
     out = max_nodes_problems(spec)
     if spec.nodes == 1:
         return out
-    if spec.workload != "StatefulSet":
-        out.append(Problem("spec.nodes", "a server across nodes is a LeaderWorkerSet of groups (workload: "
-                           "StatefulSet); a DaemonSet runs one single-node server per matching node"))
-    if spec.gpu.mig_profile:
-        out.append(Problem("spec.nodes", "vLLM cannot run across nodes on MIG slices: use whole GPUs (gpu.count) "
-                           "or nodes: 1"))
-    if spec.cache is not None and spec.cache.size and not spec.cache.shared:
-        out.append(Problem("spec.cache.size", "a group of nodes gets no claim per pod: set cache.shared (one "
-                           "ReadWriteMany claim every node mounts) or cache.claimName"))
-    return out
+    return out + _group_problems(spec, "spec.nodes", is_group="a server across nodes is", instead="nodes: 1",
+                                 claims="a group of nodes")
 
 
 def max_nodes_problems(spec: VLLMServerSpec) -> list[Problem]:
@@ -203,15 +195,23 @@ def max_nodes_problems(spec: VLLMServerSpec) -> list[Problem]:
     if spec.nodes > 1:
         out.append(Problem("spec.maxNodes", "nodes and maxNodes exclude each other: nodes fixes the count, maxNodes "
                            "lets the planner choose the fewest nodes that fit, up to it"))
+    return out + _group_problems(spec, "spec.maxNodes", is_group="maxNodes may make the server",
+                                 instead="leave maxNodes out", claims="maxNodes may choose a group of nodes, which")
+
+
+def _group_problems(spec: VLLMServerSpec, field: str, *, is_group: str, instead: str, claims: str) -> list[Problem]:
+    """What a LeaderWorkerSet group may not be, named on `field` (spec.nodes, or spec.maxNodes, which may choose
+    one): a DaemonSet, MIG slices, a claim per pod."""
+    out = []
     if spec.workload != "StatefulSet":
-        out.append(Problem("spec.maxNodes", "maxNodes may make the server a LeaderWorkerSet of groups (workload: "
-                           "StatefulSet); a DaemonSet runs one single-node server per matching node"))
+        out.append(Problem(field, f"{is_group} a LeaderWorkerSet of groups (workload: StatefulSet); a DaemonSet runs "
+                           "one single-node server per matching node"))
     if spec.gpu.mig_profile:
-        out.append(Problem("spec.maxNodes", "vLLM cannot run across nodes on MIG slices: use whole GPUs (gpu.count) "
-                           "or leave maxNodes out"))
+        out.append(Problem(field, "vLLM cannot run across nodes on MIG slices: use whole GPUs (gpu.count) or "
+                           f"{instead}"))
     if spec.cache is not None and spec.cache.size and not spec.cache.shared:
-        out.append(Problem("spec.cache.size", "maxNodes may choose a group of nodes, which gets no claim per pod: set "
-                           "cache.shared (one ReadWriteMany claim every node mounts) or cache.claimName"))
+        out.append(Problem("spec.cache.size", f"{claims} gets no claim per pod: set cache.shared (one ReadWriteMany "
+                           "claim every node mounts) or cache.claimName"))
     return out
 
 
