@@ -159,6 +159,11 @@ def served_as_pooling(config: dict[str, Any]) -> bool:
 #: ship preprocessor_config.json with max_pixels 12845056 (16384 embeddings of 28 x 28 pixels: "the default range
 #: for the number of visual tokens per image in the model is 4-16384", Qwen's model cards).
 _QWEN_VL_MAX_PIXELS = 12845056
+#: Llama 4's image processor's default most tiles (preprocessor_config.json max_patches 16; config.json does not say
+#: it). vLLM profiles the image with the most features, max_patches tiles in a 16:1 column
+#: (Mllama4ProcessingInfo.get_image_size_with_most_features), which the processor cuts into 16 tiles plus the global
+#: one it adds to any image of more than one tile.
+_LLAMA4_MAX_TILES = 16
 #: vLLM 0.32's most frames in the dummy video it profiles Qwen2-VL / Qwen2.5-VL with (qwen2_vl._MAX_FRAMES_PER_VIDEO);
 #: each pair of frames (temporal_patch_size) is one image-sized group of embeddings.
 _QWEN_VL_MAX_VIDEO_FRAMES = 14
@@ -171,8 +176,9 @@ def vision_facts(config: dict[str, Any]) -> dict[str, int]:
     (patch_size x spatial_merge_size)^2 embeddings, spatial_merge_size^2 patches each; a video of up to 14 frames is
     vision_video_frame_groups pairs of them), and Mistral 3's Pixtral ((image_size / patch_size)^2 patches of the
     largest image, image_size square, as vLLM profiles it; (grid + 1) x grid embeddings after the spatial merge, a
-    break token closing each row). Other multimodal configs give {}: their tower's profiling peak is not sized
-    (docs/sizing.md)."""
+    break token closing each row), and Llama 4's (16 + 1 tiles of the tallest image, each (image_size /
+    patch_size)^2 patches and a class token, pixel-shuffled to 1 / pixel_shuffle_ratio^2 fewer embeddings). Other
+    multimodal configs give {}: their tower's profiling peak is not sized (docs/sizing.md)."""
     vision = config.get("vision_config")
     if not isinstance(vision, dict):
         return {}
@@ -199,6 +205,14 @@ def vision_facts(config: dict[str, Any]) -> dict[str, int]:
         size, merge = _positive_int(vision.get("image_size")), _positive_int(config.get("spatial_merge_size")) or 1
         side = size // patch if size and patch else 0
         tokens, patches = (side // merge + 1) * (side // merge) or None, side * side or None
+        width, inner = _positive_int(vision.get("hidden_size")), _positive_int(vision.get("intermediate_size"))
+    elif model_type == "llama4":
+        size, ratio = _positive_int(vision.get("image_size")), vision.get("pixel_shuffle_ratio")
+        per_tile = (size // patch) ** 2 if size and patch else 0
+        shuffle = round(1 / ratio**2) if isinstance(ratio, (int, float)) and 0.01 <= ratio <= 1 else 0
+        tiles = _LLAMA4_MAX_TILES + 1
+        tokens = tiles * (per_tile // shuffle) if shuffle else None
+        patches = tiles * (per_tile + 1) if per_tile else None
         width, inner = _positive_int(vision.get("hidden_size")), _positive_int(vision.get("intermediate_size"))
     else:
         return {}
