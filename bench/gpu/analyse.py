@@ -23,7 +23,9 @@ ROWS: list[dict[str, Any]] = json.loads((ROOT / "tests" / "data" / "gpu" / "rows
 PARAMETERS = {"qwen2.5-7b": 7_615_616_512, "qwen2.5-7b-awq": 7_615_616_512, "qwen3-30b-a3b": 30_532_122_624,
               "mistral-7b-v0.1": 7_241_732_096, "gpt-oss-20b": 20_914_757_184, "qwen2.5-32b-awq": 32_763_876_352,
               "llama-3.1-8b-fp8-ct": 8_030_261_248, "qwen2.5-7b-gptq": 7_615_616_512,
-              "qwen2.5-vl-7b": 8_292_166_656, "gte-qwen2-7b": 7_613_104_640}
+              "qwen2.5-vl-7b": 8_292_166_656, "gte-qwen2-7b": 7_613_104_640,
+              # Scout's text tensors for 16 layers (tests/unit/test_catalog.py _llama4_count's text part)
+              "llama-4-scout-16l": 37_302_604_800}
 IMAGE = "vllm/vllm-openai:v0.26.0"
 #: Rows whose measurement is the bench's own artefact, not what a server of that checkpoint allocates: kept as data,
 #: checked for vLLM's verdict, left out of the KV bounds. The reason is in the row's own log.
@@ -54,6 +56,8 @@ def spec_for(row: dict[str, Any]) -> api.VLLMServerSpec:
         engine["kvCacheDtype"] = a["kv_cache_dtype"]
     if a.get("enforce_eager"):
         engine["enforceEager"] = True
+    if a.get("disable_hybrid_kv_cache_manager"):
+        engine["extraArgs"] = ["--disable-hybrid-kv-cache-manager"]
     spec: dict[str, Any] = {"model": model, "image": IMAGE, "gpu": {"count": 1, "product": "NVIDIA-H200"},
                             "engine": engine}
     if a.get("enable_lora"):
@@ -101,7 +105,8 @@ def compare(row: dict[str, Any], candidate: bool = False) -> dict[str, Any]:
     m, probe = plan.memory, row["probe_memory"]
     terms = planner.profile_terms(IMAGE.rsplit(":v", 1)[1])
     arch = plan.model.complete
-    layout = planner.kv_layout(arch, 1, spec.engine.kv_cache_dtype or "auto", 2)
+    layout = planner.kv_layout(arch, 1, spec.engine.kv_cache_dtype or "auto", 2,
+                               hybrid=planner.hybrid_kv_off(spec) is None)
     in_flight = planner.tokens_in_flight(row["args"]["max_num_batched_tokens"], terms, planner.is_pooling(arch))
     kv = m.kv_cache
     if candidate:  # vLLM 0.26 schedules asynchronously (its log: "Asynchronous scheduling is enabled"): 2 batches

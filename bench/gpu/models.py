@@ -46,6 +46,9 @@ MODELS: dict[str, tuple[str, str | None]] = {
     "qwen2.5-7b-gptq": ("bench/gpu/configs/Qwen2.5-7B-Instruct-GPTQ-Int4.config.json", None),
     "qwen2.5-vl-7b": ("tests/data/configs/Qwen2.5-VL-7B-Instruct.config.json", None),
     "gte-qwen2-7b": ("bench/gpu/configs/gte-Qwen2-7B-instruct.config.json", None),
+    # Llama 4 Scout's text model cut to 16 of its 48 layers (one H200 holds 69 GiB of it): the layer and the
+    # chunked attention are Scout's own (bench/gpu/README.md)
+    "llama-4-scout-16l": ("bench/gpu/configs/Llama-4-Scout-16L-text.config.json", None),
 }
 
 LLAMA3_ROPE = {"high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,

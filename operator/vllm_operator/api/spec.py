@@ -52,11 +52,13 @@ class ModelArchitecture(_Model):
     """Routed experts per MoE layer (config.json: num_local_experts / num_experts); omit for dense models."""
     sliding_window: Optional[int] = Field(None, ge=1, le=100_000_000, alias="slidingWindow")
     """Tokens a sliding-window attention layer attends to (config.json: sliding_window, where the model uses it:
-    layer_types, Gemma 2/3's pattern, Mistral's all-layer window); vLLM keeps only the window's KV for those
-    layers (SlidingWindowSpec). Omit for all-global attention."""
+    layer_types, Gemma 2/3's pattern, Mistral's all-layer window), or Llama 4's attention_chunk_size for its
+    chunked local attention layers; vLLM's hybrid KV cache manager keeps only the window's (the chunk's) KV for those
+    layers (SlidingWindowSpec, ChunkedLocalAttentionSpec). Omit for all-global attention."""
     sliding_window_layers: Optional[int] = Field(None, ge=0, le=1024, alias="slidingWindowLayers")
     """How many of the layers use slidingWindow (config.json: layer_types' sliding_attention entries, Gemma 3's
-    sliding_window_pattern); the rest attend to the whole context. Omitted with slidingWindow: every layer."""
+    sliding_window_pattern, Llama 4's no_rope_layers); the rest attend to the whole context. Omitted with
+    slidingWindow: every layer."""
     kv_lora_rank: Optional[int] = Field(None, ge=1, le=65536, alias="kvLoraRank")
     """Multi-head latent attention (DeepSeek V2/V3, Kimi K2): the latent KV width per token per layer
     (config.json: kv_lora_rank). vLLM caches kvLoraRank + qkRopeHeadDim values per token and layer, the same on

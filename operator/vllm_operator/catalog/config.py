@@ -238,7 +238,21 @@ def sliding_window_facts(cfg: dict[str, Any], num_layers: Optional[int]) -> tupl
     `sliding_window_pattern` (every pattern-th layer is global), Gemma 2 (every other layer slides from the
     first), Mistral/Mixtral (every layer). A window with `use_sliding_window: false` (Qwen2/Qwen3) is unused. Any
     other config is sized as all-global attention: more KV per token than vLLM needs, never less.
+
+    Llama 4's chunked local attention (`attention_chunk_size` on the layers `no_rope_layers` marks 1; three of
+    every four, no_rope_layer_interval 4, when the list is absent or empty, as transformers fills it) is a window
+    of the chunk: vLLM's ChunkedLocalAttentionSpec keeps chunk + tokens in flight of a request, one block less
+    than a SlidingWindowSpec of that window (measured on an H200: tests/data/gpu, c01).
     """
+    chunk = _positive_int(cfg.get("attention_chunk_size"))
+    if chunk is not None and num_layers:
+        rope = cfg.get("no_rope_layers")
+        if isinstance(rope, list) and len(rope) == num_layers:
+            chunked = sum(1 for r in rope if r)
+        else:
+            interval = _positive_int(cfg.get("no_rope_layer_interval")) or 4
+            chunked = num_layers - num_layers // interval
+        return (chunk, chunked) if chunked else (None, None)
     window = _positive_int(cfg.get("sliding_window"))
     if window is None or cfg.get("use_sliding_window") is False:
         return None, None

@@ -23,7 +23,7 @@ from .assumptions import (
 )
 from .memory import (
     KVLayout, activation_bytes, dtype_bytes, gib, is_pooling, kv_bytes_per_token, kv_bytes_per_token_per_layer,
-    kv_layout, loads_as_stored, mm_limits, non_torch_bytes, rotary_cache_bytes, runs_v2, tokens_in_flight,
+    hybrid_kv_off, kv_layout, loads_as_stored, mm_limits, non_torch_bytes, rotary_cache_bytes, runs_v2, tokens_in_flight,
     tp_shards_evenly, valid_tp_sizes, vision_item, vision_profile_bytes, weight_bytes, weights_quantization,
 )
 from .plan_types import (
@@ -40,7 +40,7 @@ from .steps import (
 __all__ = [
     "ASSUMPTIONS", "BYTES_PER_WEIGHT", "GiB", "MiB", "PROFILE_TERMS", "ProfileTerms", "assumption", "profile_terms",
     "KVLayout", "activation_bytes", "dtype_bytes", "gib", "is_pooling", "kv_bytes_per_token",
-    "kv_bytes_per_token_per_layer", "kv_layout", "loads_as_stored", "mm_limits", "non_torch_bytes",
+    "kv_bytes_per_token_per_layer", "hybrid_kv_off", "kv_layout", "loads_as_stored", "mm_limits", "non_torch_bytes",
     "rotary_cache_bytes", "runs_v2", "tokens_in_flight", "tp_shards_evenly", "valid_tp_sizes", "vision_item",
     "vision_profile_bytes", "weight_bytes", "weights_quantization", "DEFAULT_PORT", "FlagDecision", "Memory",
     "Plan", "Sizing", "check_inputs", "check_queue_cap", "engine_args", "longest_model_len", "min_queue_cap", "plan",

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import vllm_flags
 from ..api import VLLMServerSpec
 from ..catalog import Architecture, ResolvedModel
 from ..validation import PREQUANTIZED
@@ -118,12 +119,44 @@ class KVLayout:
         return max(0, longest)
 
 
-def kv_layout(arch: Architecture, tp: int, kv_dtype: str, elem_bytes: int) -> KVLayout:
+#: vLLM turns its hybrid KV cache manager off for chunked local attention (Llama 4) when this is 0
+#: (config/vllm.py; default 1 in the releases the operator supports: an H200 row with it on, tests/data/gpu c01).
+CHUNKED_HYBRID_ENV = "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
+
+
+def hybrid_kv_off(spec: VLLMServerSpec) -> Optional[str]:
+    """What in the spec makes vLLM keep every layer's KV whole (its hybrid KV cache manager off), or None:
+    --disable-hybrid-kv-cache-manager in engine.extraArgs (the last of it and --no-disable-... wins), or
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE in engine.env with a value other than a non-zero integer (a
+    valueFrom counts: the plan cannot read it). The variable only turns the manager off for chunked local
+    attention; a sliding-window model keeps it, and is then sized as global: below what vLLM holds, never above."""
+    off: Optional[str] = None
+    for arg in spec.engine.extra_args:
+        flag = vllm_flags.normalise(arg.partition("=")[0])
+        if flag == "--disable-hybrid-kv-cache-manager":
+            off = "--disable-hybrid-kv-cache-manager in engine.extraArgs"
+        elif flag == "--no-disable-hybrid-kv-cache-manager":
+            off = None
+    if off:
+        return off
+    for env in spec.engine.env:
+        if env.name == CHUNKED_HYBRID_ENV:
+            try:
+                on = env.value_from is None and int(env.value) != 0
+            except ValueError:
+                on = False
+            if not on:
+                return f"{CHUNKED_HYBRID_ENV} in engine.env"
+    return None
+
+
+def kv_layout(arch: Architecture, tp: int, kv_dtype: str, elem_bytes: int, hybrid: bool = True) -> KVLayout:
     """The model's KVLayout on one GPU: sliding-window layers (arch.sliding_window, sliding_window_layers) in
-    their own groups, every other layer full attention; MLA pages from the latent width."""
+    their own groups, every other layer full attention; MLA pages from the latent width. Without vLLM's hybrid KV
+    cache manager (`hybrid` False: hybrid_kv_off) every layer keeps its whole KV, as full attention."""
     page = int(assumption("block_size")) * kv_bytes_per_token_per_layer(arch, tp, kv_dtype, elem_bytes)
     sliding = 0
-    if arch.sliding_window and not arch.kv_lora_rank:
+    if hybrid and arch.sliding_window and not arch.kv_lora_rank:
         sliding = min(arch.num_layers, arch.sliding_window_layers if arch.sliding_window_layers is not None
                       else arch.num_layers)
     return KVLayout(page_bytes=page, full_layers=arch.num_layers - sliding, sliding_layers=sliding,

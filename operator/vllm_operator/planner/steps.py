@@ -16,9 +16,9 @@ from ..validation import (OWNED_FLAGS, UNSAFE_FLAGS, Problem, check_spec, flag_c
                           image_vllm_version, quantization_problems)
 from .assumptions import GiB, assumption, profile_terms
 from .memory import (
-    _round_down, activation_bytes, dtype_bytes, gib, is_pooling, kv_bytes_per_token, kv_layout, loads_as_stored,
-    mm_limits, non_torch_bytes, rotary_cache_bytes, runs_v2, tokens_in_flight, tp_shards_evenly, valid_tp_sizes, vision_item,
-    vision_profile_bytes, weight_bytes, weights_quantization,
+    _round_down, activation_bytes, dtype_bytes, gib, hybrid_kv_off, is_pooling, kv_bytes_per_token, kv_layout,
+    loads_as_stored, mm_limits, non_torch_bytes, rotary_cache_bytes, runs_v2, tokens_in_flight, tp_shards_evenly,
+    valid_tp_sizes, vision_item, vision_profile_bytes, weight_bytes, weights_quantization,
 )
 from .lora import plan_adapters
 from .plan_types import DEFAULT_PORT, FlagDecision, Memory, Plan, Sizing
@@ -284,7 +284,12 @@ def plan_kv_cache(p: Plan, s: Sizing) -> bool:
                   api.REASON_DOES_NOT_FIT)
         return False
     block = int(assumption("block_size"))
-    layout, in_flight = kv_layout(arch, tp, kv_dtype, elem), tokens_in_flight(batched, terms, is_pooling(arch))
+    whole = hybrid_kv_off(p.spec) if arch.sliding_window and not arch.kv_lora_rank else None
+    layout = kv_layout(arch, tp, kv_dtype, elem, hybrid=whole is None)
+    in_flight = tokens_in_flight(batched, terms, is_pooling(arch))
+    if whole:
+        p.notes.append(f"{whole}: vLLM keeps every layer's KV whole (its hybrid KV cache manager off), so the "
+                       f"model's windowed layers ({arch.sliding_window:,} tokens) are sized as full attention")
     model_limit = arch.max_position_embeddings
     # The longest request the pool holds (for all-global attention: every block's tokens), then, once the
     # length is chosen, what vLLM logs for it (sliding-window layers hold only their window of each request).
@@ -410,7 +415,7 @@ def _kv_capacity_words(p: Plan, s: Sizing, length: int) -> str:
     logged = s.layout.tokens(s.kv, length, s.in_flight)
     if logged == p.kv_cache_tokens:
         return f"{logged:,} tokens"
-    return f"{logged:,} tokens; its sliding-window layers keep only their window of each request"
+    return f"{logged:,} tokens; its sliding-window (or chunked) layers keep only their window of each request"
 
 
 def plan_engine_flags(p: Plan, s: Sizing) -> None:
