@@ -40,6 +40,34 @@ def test_profiled_items_are_vllms_own_count():
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("no_rope_layers", [[], [1, 1, 1, 0] * 12])
+def test_llama4_item_and_chunked_layers_are_vllms_own(no_rope_layers):
+    """vLLM 0.32's own code (e2e/testbed/vllm_llama4.py says what it stands in for) on Llama 4 Scout's config: the
+    image it profiles is 17 tiles of 144 embeddings, the catalog's vision item; the chunked layers are the catalog's
+    36 and what the config reader counts (also when no_rope_layers is left empty, as transformers then fills it); and a
+    chunked layer's blocks per request (ChunkedLocalAttentionSpec) are the planner's window blocks or one fewer,
+    never more: the plan keeps at least what vLLM keeps."""
+    from e2e.testbed import vllm_env
+    from tests.unit.test_catalog import LLAMA4_SCOUT_CONFIG
+    from vllm_operator import catalog
+
+    config = {**LLAMA4_SCOUT_CONFIG, "text_config": {**LLAMA4_SCOUT_CONFIG["text_config"],
+                                                     "no_rope_layers": no_rope_layers}}
+    lengths, in_flight = [1024, 8192, 24576, 24577, 131072, 10485760], 2 * 8192
+    out = vllm_env.llama4_facts(config, lengths, in_flight=in_flight)
+    entry = catalog.lookup_model("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    assert (out["max_patches"], out["tiles"], out["embeddings_per_tile"]) == (16, 17, 144)
+    assert out["tiles"] * out["embeddings_per_tile"] == entry.vision_tokens_per_item
+    assert out["chunked_layers"] == entry.sliding_window_layers == catalog.architecture_from_config(
+        config).sliding_window_layers
+    layout = planner.KVLayout(page_bytes=1, full_layers=12, sliding_layers=36, sliding_window=entry.sliding_window)
+    for length, vllm_blocks in zip(lengths, out["chunk_blocks"]):
+        ours = layout.blocks_per_request(length, in_flight) - -(-length // 16)  # one full group's blocks out
+        per_group = ours // layout.groups[1]
+        assert vllm_blocks <= per_group <= vllm_blocks + 1, (length, vllm_blocks, per_group)
+
+
+@pytest.mark.vllm
 def test_pooling_and_multimodal_args_pass_vllms_parser():
     """--runner pooling (no prefix-caching flag, the raised batch) and a multimodal plan with --limit-mm-per-prompt
     in extraArgs are accepted by vLLM 0.32's own `vllm serve` parser and engine-args checks."""

@@ -104,6 +104,20 @@ def mm_max_tokens_per_item(config: dict, lengths: Sequence[int], *, min_pixels: 
     return json.loads(proc.stdout)
 
 
+def llama4_facts(config: dict, lengths: Sequence[int], *, in_flight: int, block_size: int = 16,
+                 timeout: float = 300) -> dict:
+    """vLLM's own Llama 4 facts (``vllm_llama4.py`` under the vLLM venv's python): the profiled image's tiles and
+    embeddings, the chunked layers, and a chunked layer's blocks per request at each length."""
+    python = ensure_vllm()
+    payload = json.dumps({"config": config, "lengths": list(lengths), "in_flight": in_flight,
+                          "block_size": block_size})
+    proc = subprocess.run([str(python), str(E2E_DIR / "vllm_llama4.py")], input=payload, capture_output=True,
+                          text=True, timeout=timeout, env=_vllm_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"vllm_llama4.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
