@@ -63,10 +63,14 @@ WINDOW = 6                                  # scaleDownStabilizationSeconds
 #: busy machine measured 4-7 tokens/s per stream (the planner assumes 20 for a slow GPU stream), and with the
 #: derived --shutdown-timeout (50 s for 1,000 tokens) the first run lost the 2 streams pod 1 was draining.
 #: So the drain is pinned as the docs advise for slow hardware (engine.shutdownTimeoutSeconds), sized for the
-#: whole stream at SLOWEST tokens/s; the grace period follows it.
+#: whole stream at SLOWEST tokens/s; the grace period follows it. SLOWEST was 4 until a run with a second whole
+#: suite beside it streamed at 2.6 tokens/s on pod 1 and vLLM's 150 s drain cut both streams at 426 of 600
+#: tokens: now 1 token/s. A drain longer than the streams costs nothing (vLLM exits once its last request ends,
+#: and the test waits for that, not for the timeout); only the waits below grow with it.
 MAX_TOKENS = 600
-SLOWEST = 4
+SLOWEST = 1
 DRAIN = MAX_TOKENS // SLOWEST
+PRESTOP = 10                                # the container's preStop sleep (the operator's default)
 #: --max-num-seqs 4: four clients run at once on one replica, so the autoscaler finds one enough (the running
 #: requests need ceil(4 / 4) = 1 replica, none waits) and scales down while all four stream.
 CLIENTS = 4
@@ -304,11 +308,12 @@ def scale_down_under_load(st) -> dict:
     wait_for(lambda: statefulset(st)["spec"]["replicas"] == 1, WINDOW + 120, "the autoscaler scales 2 -> 1",
              interval=0.5)
     t_scaled = time.monotonic()
+    # the kubelet: preStop, then vLLM drains (at most DRAIN s), then the pod's deletion
     rec = wait_for(lambda: (lambda t: t if t is not None and t.done else None)(kubelet.terminations.get(uid1)),
-                   180, "pod 1 terminated by the kubelet and deleted")
+                   PRESTOP + DRAIN + 60, "pod 1 terminated by the kubelet and deleted")
     wait_for(lambda: f"{NAME}-1" not in pods_by_name(st), 30, "pod 1 gone")
     load.stop_sending()
-    assert load.wait_idle(300), "the streams in flight did not end"
+    assert load.wait_idle(DRAIN + 60), "the streams in flight did not end"
     st["load"] = None
 
     records = load.snapshot()
@@ -346,7 +351,7 @@ def scale_down_under_load(st) -> dict:
 
 
 # --------------------------------------------------------------------------- the story
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_1_scale_down_under_load_loses_no_request(world):
     st = world
     st["cp"].kubectl("apply", "-f", "-", input=json.dumps(server_doc(st["namespace"], min_replicas=2)))
@@ -365,7 +370,7 @@ def test_1_scale_down_under_load_loses_no_request(world):
     assert out["by_pod"][f"{NAME}-1"]["completed"] >= out["in_flight_on_pod1_at_deletion"]
     # how the pod went: preStop sleep (its endpoint left the Service meanwhile), SIGTERM, drained, exited by itself
     k = out["kubelet"]
-    assert k["graceful"] and k["prestop_s"] == 10 and k["sigterm_after_s"] >= 10, k
+    assert k["graceful"] and k["prestop_s"] == PRESTOP and k["sigterm_after_s"] >= PRESTOP, k
     assert out["pod1_left_endpoints_after_s"] is not None and out["pod1_left_endpoints_after_s"] < k["sigterm_after_s"]
     assert out["vllm_stop"]["how"] == "SIGTERM, exited by itself", out["vllm_stop"]
     assert out["vllm_stop"]["grace"] >= timeout, out["vllm_stop"]  # the grace period covers the whole drain
