@@ -78,12 +78,19 @@ def test_check_args_uses_vllms_own_parser():
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
 def test_check_args_is_one_process_for_many():
+    """300 arg lists cost about what one does (vLLM's import, once), not 300 imports: measured side by side as a
+    ratio, so a busy machine slows both alike (one process per arg list would make it about 300x)."""
+    t0 = time.monotonic()
+    [one] = check_args([GOOD])
+    single = time.monotonic() - t0
     argvs = [[*GOOD, "--max-num-seqs", str(n)] for n in range(1, 301)]
     t0 = time.monotonic()
     results = check_args(argvs)
-    assert all(r["ok"] for r in results)
+    many = time.monotonic() - t0
+    assert one["ok"] and all(r["ok"] for r in results)
     assert [r["values"]["max_num_seqs"] for r in results] == list(range(1, 301))
-    assert time.monotonic() - t0 < 120
+    print(f"1 arg list: {single:.1f} s, 300: {many:.1f} s ({many / single:.2f}x)")
+    assert many < 5 * single, (single, many)
 
 
 def _gauges(text: str) -> dict[str, float]:
@@ -108,10 +115,31 @@ def _complete(base_url: str, prompt: str, max_tokens: int) -> dict:
         return json.loads(r.read())
 
 
-def _burst(server, n: int, max_tokens: int, deadline_s: float = 120) -> tuple[list[dict], list[tuple[float, float]]]:
-    """Fire ``n`` concurrent completions; sample the two gauges until all have answered.
+def _stream(base_url: str, prompt: str, max_tokens: int, stall_s: float) -> int:
+    """One streamed completion; returns the tokens it got (one per chunk: the tiny model's tokens each come in
+    their own chunk, ignore_eos holds it to max_tokens). A stream may wait in vLLM's queue and then go at whatever
+    speed a busy machine gives: only `stall_s` without a byte fails it, never a total duration."""
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    req = urllib.request.Request(base_url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    usage = None
+    with urllib.request.urlopen(req, timeout=stall_s) as r:
+        assert r.status == 200
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    assert usage is not None, "no usage chunk"
+    return usage["completion_tokens"]
 
-    Returns the responses and the (running, waiting) samples seen meanwhile.
+
+def _burst(server, n: int, max_tokens: int, stall_s: float = 180) -> tuple[list[int], list[tuple[float, float]]]:
+    """Stream ``n`` concurrent completions; sample the two gauges until all have ended.
+
+    Returns each stream's completion tokens and the (running, waiting) samples seen meanwhile.
     """
     samples: list[tuple[float, float]] = []
     stop = threading.Event()
@@ -126,10 +154,10 @@ def _burst(server, n: int, max_tokens: int, deadline_s: float = 120) -> tuple[li
             stop.wait(0.05)
 
     with ThreadPoolExecutor(max_workers=n + 1) as pool:
-        futures = [pool.submit(_complete, server.base_url, f"hello world {i}", max_tokens) for i in range(n)]
+        futures = [pool.submit(_stream, server.base_url, f"hello world {i}", max_tokens, stall_s) for i in range(n)]
         poller = pool.submit(poll)
         try:
-            results = [f.result(timeout=deadline_s) for f in futures]
+            results = [f.result() for f in futures]  # each ends, or fails after stall_s without a byte
         finally:
             stop.set()
             poller.result(timeout=60)
@@ -137,8 +165,12 @@ def _burst(server, n: int, max_tokens: int, deadline_s: float = 120) -> tuple[li
 
 
 @pytest.mark.vllm
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 def test_real_vllm_queues_beyond_max_num_seqs(tmp_path):
+    """12 streams on --max-num-seqs 4: vLLM runs 4 and queues the rest (vllm:num_requests_waiting > 0, what the
+    autoscaler reads), then serves every one to its last token. The streams' speed is the machine's: a run with a
+    second suite beside it went at 2-3 tokens/s per stream, so each request is waited for while it makes progress
+    (no byte for 180 s fails it), not for a fixed time (non-streamed requests with a 150 s deadline each failed)."""
     vllm_env.ensure_vllm()
     host = "127.0.0.5"
     server = start_vllm(host, free_port(host), max_num_seqs=4, max_model_len=1024, log_path=tmp_path / "vllm.log")
@@ -153,11 +185,12 @@ def test_real_vllm_queues_beyond_max_num_seqs(tmp_path):
         # A burst takes a few seconds; try a bounded number of them.
         n, max_tokens = 12, 300
         all_samples: list[tuple[float, float]] = []
-        for attempt in range(4):
+        for attempt in range(3):
+            t0 = time.monotonic()
             results, samples = _burst(server, n, max_tokens)
+            print(f"burst {attempt + 1}: {n} x {max_tokens} tokens in {time.monotonic() - t0:.0f} s")
             all_samples += samples
-            assert len(results) == n
-            assert all(r["usage"]["completion_tokens"] == max_tokens for r in results)
+            assert results == [max_tokens] * n, results
             if any(waiting > 0 for _, waiting in samples):
                 break
         seen = sorted(set(all_samples))
@@ -183,7 +216,7 @@ def test_real_vllm_queues_beyond_max_num_seqs(tmp_path):
         req = urllib.request.Request(
             server.base_url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=180) as r:
             assert json.loads(r.read())["usage"]["completion_tokens"] == 5
     finally:
         server.stop()
