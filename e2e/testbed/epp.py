@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -122,16 +123,29 @@ class Picker(Process):
     its config inline), its ports free ones of this machine (the test bed's processes share the host's network),
     its API access the kubeconfig given (the picker's ServiceAccount's, to prove its Role)."""
 
+    #: how many times a picker whose port was taken meanwhile is started again on fresh ports
+    STARTS = 3
+
     def __init__(self, args: Sequence[str], kubeconfig: str | os.PathLike, workdir: Path, namespace: str):
         workdir.mkdir(parents=True, exist_ok=True)
+        self._args, self._kubeconfig, self._namespace = list(args), kubeconfig, namespace
+        self._log_path = workdir / "epp.log"
+        self.starts = 0
+        self._start()
+
+    def _start(self) -> None:
+        """Start on three ports free now. free_port() lets the port go before the picker binds it, and any
+        outgoing connection of this machine (the suite's own, or a second suite's) may take it meanwhile:
+        wait_serving() starts again on fresh ports when that happened."""
+        self.starts += 1
         self.grpc_port, self.health_port, self.metrics_port = free_port(), free_port(), free_port()
-        argv = list(args)
+        argv = self._args
         for flag, port in (("--grpc-port", self.grpc_port), ("--grpc-health-port", self.health_port),
                            ("--metrics-port", self.metrics_port)):
             argv = _replace_arg(argv, flag, str(port))
         binary = ensure_built() / "bin" / "epp"
-        super().__init__([str(binary), "--kubeconfig", str(kubeconfig), *argv], workdir / "epp.log",
-                         env={"NAMESPACE": namespace, "POD_NAME": "epp-test"})
+        super().__init__([str(binary), "--kubeconfig", str(self._kubeconfig), *argv], self._log_path,
+                         env={"NAMESPACE": self._namespace, "POD_NAME": "epp-test"})
 
     @property
     def metrics_url(self) -> str:
@@ -142,17 +156,27 @@ class Picker(Process):
             return r.read().decode("utf-8", "replace")
 
     def wait_serving(self, timeout: float = 120) -> None:
-        """Until its metrics endpoint answers (it starts serving once its pool has been read)."""
+        """Until its metrics endpoint answers and its ext-proc gRPC port accepts connections: the gateway's
+        requests go to that port, which the picker opens after its metrics endpoint, once its caches are read
+        (seconds later on a busy machine). A picker that exits meanwhile because a port was taken is started
+        again on fresh ones (STARTS in all); any other exit is an error, with its log."""
         def up() -> bool:
             if not self.alive():
+                taken = "address already in use" in self.log_tail(400)
+                if taken and self.starts < self.STARTS:
+                    self._log.close()
+                    self._start()
+                    return False
                 raise RuntimeError(f"the endpoint picker exited with {self.popen.returncode}:\n{self.log_tail()}")
             try:
                 self.metrics_text(timeout=2)
-                return True
             except (urllib.error.URLError, OSError):
                 return False
+            with socket.socket() as s:
+                s.settimeout(2)
+                return s.connect_ex(("127.0.0.1", self.grpc_port)) == 0
 
-        wait_for(up, timeout, "the endpoint picker's metrics endpoint", interval=0.5)
+        wait_for(up, timeout, "the endpoint picker's metrics endpoint and ext-proc port", interval=0.5)
 
 
 class Gateway(Process):
@@ -160,18 +184,30 @@ class Gateway(Process):
     the picker has no endpoint for (503), asking again every half second."""
 
     def __init__(self, picker: Picker, workdir: Path, hold: float = 0, tls: bool = True):
+        self._picker, self._workdir, self._hold, self._tls = picker, workdir, hold, tls
+        self.starts = 0
+        self._start()
+
+    def _start(self) -> None:
+        """On a port free now; wait_listening() starts again on a fresh one if it was taken meanwhile."""
+        self.starts += 1
         self.port = free_port()
         binary = ensure_built() / "bin" / "gateway"
         # its deadline for one request (300 s by default) above the hold, or a long hold ends in its 502
-        cmd = [str(binary), "-listen", f"127.0.0.1:{self.port}", "-picker", f"127.0.0.1:{picker.grpc_port}",
-               "-hold", f"{hold}s", "-timeout", f"{max(300, hold + 120)}s", f"-tls={'true' if tls else 'false'}"]
-        super().__init__(cmd, workdir / f"gateway-{self.port}.log")
+        hold = self._hold
+        cmd = [str(binary), "-listen", f"127.0.0.1:{self.port}", "-picker", f"127.0.0.1:{self._picker.grpc_port}",
+               "-hold", f"{hold}s", "-timeout", f"{max(300, hold + 120)}s", f"-tls={'true' if self._tls else 'false'}"]
+        super().__init__(cmd, self._workdir / f"gateway-{self.port}.log")
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_listening(self, timeout: float = 30) -> None:
-        import socket
-
         def up() -> bool:
+            if not self.alive():
+                if "address already in use" in self.log_tail() and self.starts < Picker.STARTS:
+                    self._log.close()
+                    self._start()
+                    return False
+                raise RuntimeError(f"the test bed's gateway exited with {self.popen.returncode}:\n{self.log_tail()}")
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", self.port)) == 0
 
