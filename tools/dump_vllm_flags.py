@@ -19,6 +19,8 @@ Usage: python -m tools.dump_vllm_flags [--check]
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Iterator
 
 from vllm_operator import vllm_flags
 from vllm_operator.catalog import known_gpus
@@ -82,6 +85,25 @@ def wheel(release: str) -> Path:
 def source_tree(release: str) -> tuple[Path, str]:
     """The release's Python files unpacked from its wheel (no compiled kernels: they need CUDA), and the
     wheel's hash. Unpacked once per hash; extra dependencies go in a sibling folder."""
+    with _cache_lock(f"vllm-src-{release}"):
+        return _source_tree(release)
+
+
+@contextlib.contextmanager
+def _cache_lock(name: str) -> Iterator[None]:
+    """An exclusive lock on one cache entry: two suites on one machine (a loaded run has a second one beside it)
+    share the cache, and one unpacking a tree while the other unpacks it too failed with FileExistsError."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _source_tree(release: str) -> tuple[Path, str]:
     whl = wheel(release)
     digest = WHEELS[release]
     tree = cache_root() / f"vllm-src-{release}"
