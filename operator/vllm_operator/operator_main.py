@@ -44,6 +44,8 @@ log = logging.getLogger("vllm_operator")
 FINALIZER = f"{api.GROUP}/finalizer"
 ANNOTATION_PREFIX = api.GROUP
 CHILD_LABELS = kopfindex.CHILD_LABELS
+#: how often kopf looks again at a deleted server whose resync timer is still stopping (kopf: 60 s)
+DELETE_POLL_SECONDS = 2.0
 
 
 def api_client() -> k8s.ApiClient:
@@ -246,6 +248,11 @@ class Operator:
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.execution.max_workers = 8
+        # A server deleted while its resync timer's reconcile runs (or waits for one of the 8 threads) keeps its
+        # finalizer until that timer has stopped, and kopf looks again only after cancellation_polling: 60 s by
+        # default, which a loaded run met as a `kubectl delete --wait` of 60 s that timed out. A reconcile ends in
+        # seconds, so kopf looks again every DELETE_POLL_SECONDS (one patch of the object each time it looks).
+        settings.background.cancellation_polling = DELETE_POLL_SECONDS
         settings.peering.lifetime = self.peering_lifetime
         self.executor = settings.execution.executor  # kopf's threads, for on_child's reconciles
 
