@@ -356,7 +356,7 @@ def test_2_a_hung_metrics_endpoint_holds_then_scales_down_after_the_window(stack
         body = hold_for(st, WINDOW + 2 * INTERVAL, 2, f"{NAME}-1 (GET http://")
         assert "timed out" in cond(body, "AutoscalingActive")["message"]
         assert "metricValue" not in body["status"]["autoscaling"]
-        assert events(st, "MetricsUnavailable")
+        wait_for(lambda: events(st, "MetricsUnavailable"), 30, "a MetricsUnavailable Event")
     finally:
         os.kill(pid, signal.SIGCONT)
     back = time.monotonic()

@@ -51,8 +51,10 @@ def test_a_spec_the_namespace_forbids_is_reported_not_left_pending(control_plane
     assert f"namespace {namespace}" in cond["message"] and "'baseline'" in cond["message"]
     assert "spec.ipc: Host" in cond["message"]
     assert kube.get("apps/v1", "StatefulSet", namespace, "gemma") is None, "nothing applied for a refused spec"
-    events = [e for e in kube.list("v1", "Event", namespace) if e["involvedObject"].get("name") == "gemma"]
-    assert any(e["reason"] == "PodSecurityForbidden" and e["type"] == "Warning" for e in events)
+    # The reconcile writes the status, then posts its Events: wait for the Event, do not read it once.
+    wait_for(lambda: [e for e in kube.list("v1", "Event", namespace) if e["involvedObject"].get("name") == "gemma"
+                      and e["reason"] == "PodSecurityForbidden" and e["type"] == "Warning"],
+             60, "a Warning Event PodSecurityForbidden")
 
     # the fix the message names: shared memory instead of host IPC, and the server deploys
     doc["spec"]["ipc"] = "SharedMemory"
