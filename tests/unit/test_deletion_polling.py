@@ -11,19 +11,21 @@ running is stood in for (a task that has not ended).
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import kopf
 from kopf._core.engines import daemons
 from kopf._core.intents import handlers as kopf_handlers
 from kopf._core.intents import stoppers
 
+from e2e.testbed.memory_world import MemoryKube
 from vllm_operator import api
 from vllm_operator.controller.reconcile import Reconciler
 from vllm_operator.operator_main import DELETE_POLL_SECONDS, Operator, register_handlers
 
 
 def _timer_of_a_registered_operator() -> tuple[Operator, kopf_handlers.TimerHandler]:
-    op = Operator(reconciler=_Kinds())  # nothing is reconciled here: registering asks only for the kinds
+    op = Operator(reconciler=Reconciler(MemoryKube()))  # type: ignore[arg-type] - nothing is reconciled here
     registry = kopf.OperatorRegistry()
     register_handlers(registry, op, resync_seconds=60)
     resource = kopf.Resource(api.GROUP, api.VERSION, api.PLURAL)
@@ -37,24 +39,12 @@ def _next_look(settings: kopf.OperatorSettings, timer: kopf_handlers.TimerHandle
         still_running = asyncio.Event()
         task = asyncio.create_task(still_running.wait())  # the tick's reconcile, not ended yet
         try:
-            daemon = daemons.Daemon(task=task, logger=_Log(),
+            daemon = daemons.Daemon(task=task, logger=logging.getLogger(__name__),
                                     handler=timer, stopper=stoppers.DaemonStopper())
             return list(await daemons.stop_daemons(settings=settings, daemons={timer.id: daemon}))
         finally:
             task.cancel()
     return asyncio.run(run())
-
-
-class _Kinds:
-    def managed_kinds(self) -> list[tuple[str, str]]:
-        return Reconciler.managed_kinds(self)  # type: ignore[arg-type] - it reads nothing of self
-
-
-class _Log:
-    def debug(self, *_a, **_k) -> None:
-        pass
-
-    warning = info = debug
 
 
 def test_a_deleted_server_whose_timer_still_runs_is_looked_at_again_in_seconds_not_a_minute():
