@@ -275,15 +275,20 @@ def test_a_child_deleted_while_the_watch_was_down_is_restored(tmp_path):
                 apply_server(kube, server_doc(name, namespace, BASES["llama-8b-single-gpu.yaml"]))
             wait_for(lambda: all(kube.get("apps/v1", "StatefulSet", namespace, n) for n in ("a", "b")), 90,
                      "both StatefulSets")
+            before = kube.get("apps/v1", "StatefulSet", namespace, "a")["metadata"]["uid"]
             cp.stop_apiserver()
             deleted = _etcd(cp, "/v3/kv/deleterange", {"key": _b64(f"/registry/statefulsets/{namespace}/a")})
             assert deleted.get("deleted") == "1", deleted
             for i in range(5):  # later revisions than any the operator saw: its watch resumes with 410 Gone
                 _etcd(cp, "/v3/kv/put", {"key": _b64(f"/test/gap/{i}"), "value": _b64("x")})
             cp.start_apiserver()
-            assert kube.get("apps/v1", "StatefulSet", namespace, "a") is None
-            wait_for(lambda: kube.get("apps/v1", "StatefulSet", namespace, "a"), 90,
-                     "the StatefulSet deleted during the outage restored")
+            # The operator may restore it before this process sees the API server ready (it did, with three
+            # suites on 2 cores): the restored StatefulSet is a new object, so the proof is its uid.
+            def recreated():
+                sts = kube.get("apps/v1", "StatefulSet", namespace, "a")
+                return sts is not None and sts["metadata"]["uid"] != before
+
+            wait_for(recreated, 90, "the StatefulSet deleted during the outage restored (a new uid)")
             log = operator.log_tail(100000)
             assert f"StatefulSet {namespace}/a was deleted while the watch was down" in log
             assert f"StatefulSet {namespace}/b was deleted" not in log
