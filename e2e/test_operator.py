@@ -56,8 +56,9 @@ def test_create_applies_exactly_the_builders_objects(control_plane, operator, ku
     assert st["plan"]["estimates"]["maxModelLen"] == 16384
     # the StatefulSet controller of the real controller-manager creates the pods
     wait_for(lambda: len(kube.list("v1", "Pod", namespace, label_selector=st["selector"])) == 2, 30, "2 pods")
-    reasons = {e["reason"] for e in events_for(kube, namespace, "llama")}
-    assert "Applied" in reasons
+    # the reconcile writes the status, then posts its Events: wait for the Event, not for one list of them
+    wait_for(lambda: "Applied" in {e["reason"] for e in events_for(kube, namespace, "llama")}, 30,
+             "the Applied Event")
 
 
 def test_kopf_adaptations_pass_their_self_tests_and_kopf_writes_only_its_finalizer(control_plane, operator, kube,
