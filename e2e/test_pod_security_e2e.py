@@ -14,6 +14,7 @@ import yaml
 from e2e.testbed.controlplane import wait_for
 from vllm_operator.kube.client import Kube
 from e2e.testbed.convergence import wait_established
+from e2e.testbed.operator_install import events_for
 from e2e.testbed.operator_process import OperatorProcess
 from tests.apiserver.test_pod_security import CRD, label_namespace, rendered_pod
 
@@ -52,8 +53,8 @@ def test_a_spec_the_namespace_forbids_is_reported_not_left_pending(control_plane
     assert "spec.ipc: Host" in cond["message"]
     assert kube.get("apps/v1", "StatefulSet", namespace, "gemma") is None, "nothing applied for a refused spec"
     # The reconcile writes the status, then posts its Events: wait for the Event, do not read it once.
-    wait_for(lambda: [e for e in kube.list("v1", "Event", namespace) if e["involvedObject"].get("name") == "gemma"
-                      and e["reason"] == "PodSecurityForbidden" and e["type"] == "Warning"],
+    wait_for(lambda: [e for e in events_for(kube, namespace, "gemma")
+                      if e["reason"] == "PodSecurityForbidden" and e["type"] == "Warning"],
              60, "a Warning Event PodSecurityForbidden")
 
     # the fix the message names: shared memory instead of host IPC, and the server deploys
