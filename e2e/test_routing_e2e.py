@@ -1,7 +1,7 @@
 """Routing through the Gateway API Inference Extension with real parts: the extension's CRDs on the test bed's
 kube-apiserver, the InferencePool and the endpoint picker's RBAC as the operator builds them, the real endpoint
-picker (cmd/epp of the pinned release) running with the operator's args and config under its ServiceAccount's
-token (so its Role is proved sufficient), and two real vLLM CPU servers as the pool's pods (the fake kubelet starts
+picker (cmd/epp of the pinned release) running with the operator's args and config (and -v 4, for its per-request
+scores) under its ServiceAccount's token (so its Role is proved sufficient), and two real vLLM CPU servers as the pool's pods (the fake kubelet starts
 one on each pod's own 127.x address, with the LoRA flags and environment the operator puts in the pod).
 
 The pool is shared by two VLLMServers, as docs/routing.md describes: "chat" owns it (the pool, the picker) and
@@ -162,7 +162,9 @@ def bed(control_plane, k8s, tmp_path_factory):
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         kubeconfig = service_account_kubeconfig(control_plane, namespace, builders.picker_name(POOL),
                                                 work / "picker.kubeconfig")
-        picker = epp.Picker(container["args"], kubeconfig, work / "picker", namespace)
+        # -v 4 (debug) beside the operator's args: the picker logs each scorer's score of each pod for every request
+        # it schedules, which the adapter case waits on.
+        picker = epp.Picker([*container["args"], "--v", "4"], kubeconfig, work / "picker", namespace)
         picker.wait_serving()
         gateway = epp.Gateway(picker, work)
         gateway.wait_listening()
@@ -240,6 +242,19 @@ def _complete_direct(bed, pod: str, model: str) -> int:
         return e.code
 
 
+def _lora_scores(picker: epp.Picker, pod: str) -> list[float]:
+    """The lora-affinity-scorer's scores of a pod, in the order the picker logged them (at -v 4: one per request it
+    scheduled, as JSON lines; the endpoint named "<pod>-rank-<n>", one per data-parallel rank)."""
+    out = []
+    for line in picker.log_path.read_text(errors="replace").splitlines():
+        if "Calculated score" not in line or "lora-affinity" not in line:
+            continue
+        entry = json.loads(line)
+        if entry["endpoint"]["name"].rsplit("-rank-", 1)[0] == pod:
+            out.append(float(entry["score"]))
+    return out
+
+
 def _route_adapter_requests(gateway: epp.Gateway, n: int) -> list[tuple[str, int]]:
     """n requests for the adapter through a gateway, one at a time: (the endpoint the picker chose, the status).
     Each prompt starts with fresh random text, shorter than one of the prefix scorer's blocks: no prefix favours a
@@ -292,9 +307,14 @@ def test_picker_sends_an_adapters_requests_to_the_pod_that_serves_it(bed):
                                if f'running_lora_adapters="{ADAPTER}"' in s], 30,
                       "vllm:lora_requests_info naming the adapter", interval=0.5)
     assert 'max_lora="' in series[0], series
-    # The picker reads every pod's /metrics every refreshMetricsMilliseconds (50) and shows nothing of what it
-    # read: the test gives it 20 reads.
-    time.sleep(20 * 0.05)
+    # The picker reads every pod's /metrics every refreshMetricsMilliseconds (50), and logs (-v 4) what each scorer
+    # made of each pod for every request it schedules: adapter requests are sent (wherever they go) until its
+    # lora-affinity-scorer scores chat-0 1.0, "the adapter is active there"; the ten below are sent after that.
+    def affinity_read() -> bool:
+        _route_adapter_requests(bed["gateway"], 1)
+        scores = _lora_scores(bed["picker"], "chat-0")
+        return bool(scores) and scores[-1] == 1.0
+    wait_for(affinity_read, 60, "the picker's lora-affinity score 1.0 for chat-0", interval=0.5)
 
     # 3. every adapter request through the gateway goes to chat-0, and is served
     routed = _route_adapter_requests(bed["gateway"], 10)
