@@ -10,8 +10,9 @@ One server goes through the whole story, in order (each test continues the previ
    the way);
 2. a metrics endpoint hangs: replicas are held past the scale-down window, AutoscalingActive
    False says which pod; once it answers, 2 -> 1 after the window;
-3. source Prometheus (the operator's --prometheus-url): 1 -> 2 (capped at maxReplicas);
-4. Prometheus stopped: held; back: 2 -> 1.
+3. source Prometheus (the operator's --prometheus-url): 1 -> 2 (capped at maxReplicas); its load keeps running
+   through 3b (the dashboard's queries) into 4, so that no scale-down window can pass before Prometheus stops;
+4. Prometheus stopped, then the load: held; back: 2 -> 1.
 
 The second pod's vLLM stays warm after its pod is deleted and serves the next pod that gets
 its address, so only the first scale-up pays for a model load.
@@ -393,7 +394,8 @@ def test_3_prometheus_source_scales_up_to_max(stack):
     # What step 3b's latency panels read: requests that finished within their rate window, scraped.
     wait_for(lambda: finished_in_prometheus(st) > finished, 120, "a request of this load finished and Prometheus "
              "scraped it", interval=1)
-    stop_load_and_drain(st)
+    # The load keeps the wanted replicas at 2 through step 3b, however long its queries take here; step 4 stops it
+    # once Prometheus is down.
 
 
 @pytest.mark.timeout(300)
@@ -403,7 +405,7 @@ def test_3b_every_dashboard_query_returns_data(stack):
     namespace and server) answers with numbers, none of them NaN (a histogram with no request in its window).
 
     The request histograms' panels count requests that finished within the last 5 minutes (the rate window):
-    step 3 ended its load only after one of its requests had finished and been scraped, a minute ago at most."""
+    step 3 saw one of its load's requests finished and scraped, and the load still runs."""
     prometheus: PrometheusServer = stack["prometheus"]
 
     def numbers(expr: str) -> list[float]:
@@ -425,6 +427,9 @@ def test_4_prometheus_down_holds_then_scales_down(stack):
     prometheus: PrometheusServer = st["prometheus"]
     prometheus.stop()
     try:
+        # The load of step 3 stops once Prometheus is down: before that, an empty queue it scraped would start the
+        # scale-down window. Drained, as read from pod 0's own /metrics.
+        stop_load_and_drain(st)
         # The reason is the fetch's category (fetch.py), never what an answer said.
         body = hold_for(st, WINDOW + 2 * INTERVAL, 2, f"Prometheus {prometheus.url}: connection refused")
         assert "metrics missing for auto-0" in cond(body, "AutoscalingActive")["message"]
