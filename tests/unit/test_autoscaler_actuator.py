@@ -288,3 +288,36 @@ def test_minreplicas_zero_goes_to_zero_after_the_idle_window_and_back_on_the_pic
     result = tick(1)
     assert result.scaled and result.decision.code == "ScaleFromZero" and cache.sts["spec"]["replicas"] == 1
     assert set(picker.asked) == {("ns", "s")}
+
+
+def test_a_step_of_the_wall_clock_neither_shortens_nor_stretches_the_idle_window():
+    """Windows are timed on the monotonic clock, as Go's monotonic readings time the HPA's: the wall clock
+    stepping forward an hour (NTP, a VM resumed) scales nothing to zero early, stepping back an hour holds
+    nothing; the wall clock still stamps what is written (lastScaleTime)."""
+    body, cache = _one_ready_replica(minReplicas=0, maxReplicas=2, intervalSeconds=1,
+                                     scaleDownStabilizationSeconds=0, scaleToZero={"idleSeconds": 30})
+    body["spec"]["routing"] = {"inferencePool": {"enabled": True}}
+    wall, mono = [1_800_000_000.0], [500.0]
+    scaler = actuator.Autoscaler(ScalingKube(body, cache), actuator.Sources(pods=QueueSource(), picker=PickerCount()),
+                                 "ns", "s", clock=lambda: wall[0], monotonic=lambda: mono[0], reader=cache)
+
+    def tick(seconds, wall_step=0.0):
+        wall[0] += seconds + wall_step
+        mono[0] += seconds
+        return scaler.tick(json.loads(json.dumps(body)))
+
+    assert tick(0).decision.desired == 1
+    assert tick(10, wall_step=3600).decision.desired == 1, "an hour of wall clock is not 30 s idle"
+    assert tick(10, wall_step=-7200).decision.desired == 1
+    result = tick(10)  # 30 s idle on the monotonic clock, the wall clock an hour behind where it was
+    assert result.scaled and result.decision.code == "ScaleToZero"
+    stamp = (scaler._last_written or {}).get("autoscaling", {}).get("lastScaleTime")
+    assert stamp == actuator._now_iso(wall[0])
+
+
+def test_the_real_wall_clock_comes_with_the_monotonic_one_and_a_fake_clock_drives_both():
+    import time
+
+    assert actuator.Autoscaler(None, actuator.Sources(), "ns", "s").monotonic is time.monotonic
+    fake = lambda: 1000.0  # noqa: E731
+    assert actuator.Autoscaler(None, actuator.Sources(), "ns", "s", clock=fake).monotonic is fake

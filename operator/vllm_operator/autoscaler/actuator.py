@@ -23,6 +23,7 @@ import asyncio
 import copy
 import datetime as dt
 import logging
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -256,7 +257,13 @@ class Autoscaler:
     """The state of one server's loop (recommendation history) and its tick."""
 
     def __init__(self, kube: Kube, sources: Sources, namespace: str, name: str,
-                 clock: Callable[[], float] = time.time, reader: Optional[Reader] = None):
+                 clock: Callable[[], float] = time.time, reader: Optional[Reader] = None,
+                 monotonic: Optional[Callable[[], float]] = None):
+        """`clock` is the wall clock: the times written to the API (status, events) and compared with the API's
+        (a pod's start). `monotonic` times what this loop keeps in memory (its recommendation history, the idle
+        window, the status refresh, the fast-read budget), so that a step of the wall clock (NTP, a VM resumed)
+        never shortens or stretches a window, as Go's monotonic readings keep the HPA's. Without `monotonic`,
+        time.monotonic with the real wall clock, else the `clock` given (a test's one fake clock drives both)."""
         self.kube = kube
         #: What a tick reads its StatefulSet and pods through (informers/reader.py): in the operator the
         #: reconciler's watch-fed copies, not a GET and a LIST (200 autoscaled servers polled 80 requests/s:
@@ -266,24 +273,27 @@ class Autoscaler:
         self.namespace = namespace
         self.name = name
         self.clock = clock
+        self.monotonic: Callable[[], float] = monotonic or (time.monotonic if clock is time.time else clock)
+        #: (monotonic time, recommendation) of the recent decisions.
         self.history: policy.History = []
         self._missing_since: dict[str, float] = {}
         self._last_written: Optional[dict[str, Any]] = None
-        self._last_write_at = 0.0
+        self._last_write_at = -math.inf  # monotonic; never written yet
         #: (when, answer) of the last GET of a StatefulSet the reader did not show as this server's.
         self._uncached: Optional[tuple[float, Optional[dict[str, Any]]]] = None
         #: The server as our last status write's answer: the body a tick gets (kopf's) may lag behind it.
         self._last_answer: Optional[dict[str, Any]] = None
-        #: When this loop last changed the replica count (the clock's time).
+        #: When this loop last changed the replica count (monotonic).
         self._scaled_at: Optional[float] = None
-        #: minReplicas 0: when a read last showed a request (or no data), and the picker's last unserved count.
+        #: minReplicas 0: when a read last showed a request (or no data; monotonic), and the picker's last
+        #: unserved count.
         self._busy_at: Optional[float] = None
         self._unserved: Optional[float] = None
 
     # ---- the tick
     def tick(self, body: dict[str, Any]) -> TickResult:
         """One pass of the loop for the server `body` (the module's steps 1 to 5): what it saw and did."""
-        now = self.clock()
+        now, mono = self.clock(), self.monotonic()
         body = self._fresher(body)
         spec = self._checked_spec(body, now)
         if isinstance(spec, TickResult):
@@ -300,7 +310,7 @@ class Autoscaler:
         read = self._read_queue(body, a, current, now)
         if isinstance(read, TickResult):
             return read
-        decision = self._decide(spec, read, current, now)
+        decision = self._decide(spec, read, current, mono)
 
         result = TickResult(decision=decision, current=current)
         direction = "hold" if decision.desired == current else ("up" if decision.desired > current else "down")
@@ -313,7 +323,7 @@ class Autoscaler:
             result.scaled = True
         status = self._status(decision, read.samples, last_scale)
         result.status_written = self._write(body, status, decision, now, read.described)
-        result.next_read = self._next_read(read.samples, decision, a, read.source, now, scaled=result.scaled)
+        result.next_read = self._next_read(read.samples, decision, a, read.source, mono, scaled=result.scaled)
         return result
 
     def _checked_spec(self, body: dict[str, Any], now: float) -> Union[api.VLLMServerSpec, TickResult]:
@@ -341,11 +351,11 @@ class Autoscaler:
             (kind, self.name))
         if sts is not None:
             self._uncached = None
-        elif self._uncached is not None and now - self._uncached[0] < UNCACHED_GET_SECONDS:
+        elif self._uncached is not None and self.monotonic() - self._uncached[0] < UNCACHED_GET_SECONDS:
             sts = self._uncached[1]  # asked a moment ago; the reader shows ours as soon as it exists
         else:  # not created yet, or someone else's: ask the API server who holds the name
             sts = self.kube.get(api_version, kind, self.namespace, self.name)
-            self._uncached = (now, sts)
+            self._uncached = (self.monotonic(), sts)
         if sts is None or sts["metadata"].get("deletionTimestamp"):
             return self._report(body, None, now, "NoWorkload", f"the {kind} does not exist yet")
         if not controlled_by(sts, uid):
@@ -360,7 +370,7 @@ class Autoscaler:
         pods = [p for p in self.reader.pods(self.namespace, self.name)  # a group's workers serve no queue
                 if (p["metadata"].get("labels") or {}).get(builders.ROLE_LABEL) != "worker"]
         groups = classify_pods(pods, now)
-        starting = len(groups.starting) + self._missing_replicas(current, pods, now)
+        starting = len(groups.starting) + self._missing_replicas(current, pods, self.monotonic())
         source, described = self.sources.for_spec(a)
         if source is None:
             return self._report(body, None, now, "InvalidSpec", described)
@@ -371,7 +381,8 @@ class Autoscaler:
         return _QueueRead(pods, groups, starting, source, described, samples, ready)
 
     def _decide(self, spec: api.VLLMServerSpec, read: _QueueRead, current: int, now: float) -> policy.Decision:
-        """Step 3's decision (policy.decide, or decide_with_zero for minReplicas 0), recorded in the history."""
+        """Step 3's decision (policy.decide, or decide_with_zero for minReplicas 0), recorded in the history;
+        `now` monotonic."""
         a = spec.autoscaling
         if not self.history:
             # After a (re)start the past window is unknown: count it as a recommendation of the current
@@ -513,9 +524,10 @@ class Autoscaler:
             return (au.get("desiredReplicas"), au.get("lastScaleTime"), "metricValue" in au,
                     tuple(sorted((c["type"], c.get("status"), c.get("reason")) for c in s["conditions"])))
 
-        if new == live or new == self._last_written and now - self._last_write_at < STATUS_REFRESH_SECONDS:
+        since_write = self.monotonic() - self._last_write_at
+        if new == live or new == self._last_written and since_write < STATUS_REFRESH_SECONDS:
             return False
-        if signature(new) == signature(live) and now - self._last_write_at < STATUS_REFRESH_SECONDS:
+        if signature(new) == signature(live) and since_write < STATUS_REFRESH_SECONDS:
             return False  # only numbers moved: refresh later
         old_active = next((c for c in live["conditions"] if c["type"] == ACTIVE), None)
         new_active = next((c for c in new["conditions"] if c["type"] == ACTIVE), None)
@@ -523,7 +535,7 @@ class Autoscaler:
         answer = self.kube.apply({"apiVersion": api.API_VERSION, "kind": api.KIND,
                                   "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
                                   "status": new}, subresource="status", field_manager=FIELD_MANAGER)
-        self._last_written, self._last_write_at = new, now
+        self._last_written, self._last_write_at = new, self.monotonic()
         self._last_answer = answer if isinstance(answer, dict) else None
         if (new_active and new_active["status"] == "False" and new_active["reason"] == policy.METRICS_UNAVAILABLE
                 and (old_active is None or old_active.get("reason") != policy.METRICS_UNAVAILABLE)):
