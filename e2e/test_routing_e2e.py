@@ -1,8 +1,9 @@
 """Routing through the Gateway API Inference Extension with real parts: the extension's CRDs on the test bed's
 kube-apiserver, the InferencePool and the endpoint picker's RBAC as the operator builds them, the real endpoint
 picker (cmd/epp of the pinned release) running with the operator's args and config (and -v 4, for its per-request
-scores) under its ServiceAccount's token (so its Role is proved sufficient), and two real vLLM CPU servers as the pool's pods (the fake kubelet starts
-one on each pod's own 127.x address, with the LoRA flags and environment the operator puts in the pod).
+scores) under its ServiceAccount's token (so its Role is proved sufficient), and two real vLLM CPU servers as the
+pool's pods (the fake kubelet starts one on each pod's own 127.x address, with the LoRA flags and environment the
+operator puts in the pod).
 
 The pool is shared by two VLLMServers, as docs/routing.md describes: "chat" owns it (the pool, the picker) and
 serves a LoRA adapter, "chat-b" joins it (inferencePool.poolName: chat) without adapters. Both serve the model name

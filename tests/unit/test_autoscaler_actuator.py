@@ -298,8 +298,9 @@ def test_a_step_of_the_wall_clock_neither_shortens_nor_stretches_the_idle_window
                                      scaleDownStabilizationSeconds=0, scaleToZero={"idleSeconds": 30})
     body["spec"]["routing"] = {"inferencePool": {"enabled": True}}
     wall, mono = [1_800_000_000.0], [500.0]
-    scaler = actuator.Autoscaler(ScalingKube(body, cache), actuator.Sources(pods=QueueSource(), picker=PickerCount()),
-                                 "ns", "s", clock=lambda: wall[0], monotonic=lambda: mono[0], reader=cache)
+    kube = ScalingKube(body, cache)
+    scaler = actuator.Autoscaler(kube, actuator.Sources(pods=QueueSource(), picker=PickerCount()), "ns", "s",
+                                 clock=lambda: wall[0], monotonic=lambda: mono[0], reader=cache)
 
     def tick(seconds, wall_step=0.0):
         wall[0] += seconds + wall_step
@@ -311,8 +312,7 @@ def test_a_step_of_the_wall_clock_neither_shortens_nor_stretches_the_idle_window
     assert tick(10, wall_step=-7200).decision.desired == 1
     result = tick(10)  # 30 s idle on the monotonic clock, the wall clock an hour behind where it was
     assert result.scaled and result.decision.code == "ScaleToZero"
-    stamp = (scaler._last_written or {}).get("autoscaling", {}).get("lastScaleTime")
-    assert stamp == actuator._now_iso(wall[0])
+    assert kube.body["status"]["autoscaling"]["lastScaleTime"] == actuator._now_iso(wall[0])
 
 
 def test_the_real_wall_clock_comes_with_the_monotonic_one_and_a_fake_clock_drives_both():

@@ -293,7 +293,7 @@ class Autoscaler:
     # ---- the tick
     def tick(self, body: dict[str, Any]) -> TickResult:
         """One pass of the loop for the server `body` (the module's steps 1 to 5): what it saw and did."""
-        now, mono = self.clock(), self.monotonic()
+        now = self.clock()
         body = self._fresher(body)
         spec = self._checked_spec(body, now)
         if isinstance(spec, TickResult):
@@ -310,7 +310,7 @@ class Autoscaler:
         read = self._read_queue(body, a, current, now)
         if isinstance(read, TickResult):
             return read
-        decision = self._decide(spec, read, current, mono)
+        decision = self._decide(spec, read, current)
 
         result = TickResult(decision=decision, current=current)
         direction = "hold" if decision.desired == current else ("up" if decision.desired > current else "down")
@@ -323,7 +323,7 @@ class Autoscaler:
             result.scaled = True
         status = self._status(decision, read.samples, last_scale)
         result.status_written = self._write(body, status, decision, now, read.described)
-        result.next_read = self._next_read(read.samples, decision, a, read.source, mono, scaled=result.scaled)
+        result.next_read = self._next_read(read.samples, decision, a, read.source, scaled=result.scaled)
         return result
 
     def _checked_spec(self, body: dict[str, Any], now: float) -> Union[api.VLLMServerSpec, TickResult]:
@@ -370,7 +370,7 @@ class Autoscaler:
         pods = [p for p in self.reader.pods(self.namespace, self.name)  # a group's workers serve no queue
                 if (p["metadata"].get("labels") or {}).get(builders.ROLE_LABEL) != "worker"]
         groups = classify_pods(pods, now)
-        starting = len(groups.starting) + self._missing_replicas(current, pods, self.monotonic())
+        starting = len(groups.starting) + self._missing_replicas(current, pods)
         source, described = self.sources.for_spec(a)
         if source is None:
             return self._report(body, None, now, "InvalidSpec", described)
@@ -380,27 +380,26 @@ class Autoscaler:
         ready = len(groups.ready) + len(groups.ready_unscraped)
         return _QueueRead(pods, groups, starting, source, described, samples, ready)
 
-    def _decide(self, spec: api.VLLMServerSpec, read: _QueueRead, current: int, now: float) -> policy.Decision:
-        """Step 3's decision (policy.decide, or decide_with_zero for minReplicas 0), recorded in the history;
-        `now` monotonic."""
-        a = spec.autoscaling
+    def _decide(self, spec: api.VLLMServerSpec, read: _QueueRead, current: int) -> policy.Decision:
+        """Step 3's decision (policy.decide, or decide_with_zero for minReplicas 0), recorded in the history."""
+        a, mono = spec.autoscaling, self.monotonic()
         if not self.history:
             # After a (re)start the past window is unknown: count it as a recommendation of the current
             # count made just before the scale-up window, so it delays a scale-down (never on no data)
             # but not a scale-up.
-            self.history = [(now - a.scale_up_stabilization_seconds - 0.001, current)]
+            self.history = [(mono - a.scale_up_stabilization_seconds - 0.001, current)]
         samples, ready, starting = read.samples, read.ready, read.starting
         if a.min_replicas == 0:
-            decision = policy.decide_with_zero(samples, current, ready, starting, a, self.history, now,
-                                               self._idle(spec, samples, current, now), slots=max_num_seqs(read.pods))
+            decision = policy.decide_with_zero(samples, current, ready, starting, a, self.history, mono,
+                                               self._idle(spec, samples, current, mono), slots=max_num_seqs(read.pods))
         else:
-            decision = policy.decide(samples, current, ready, starting, a, self.history, now,
+            decision = policy.decide(samples, current, ready, starting, a, self.history, mono,
                                      slots=max_num_seqs(read.pods))
         if decision.hold and read.groups.ready_unscraped:
             decision = policy.Decision(decision.desired, decision.reason + f"; ready but not scraped: "
                                        f"{', '.join(read.groups.ready_unscraped)}", None, hold=True,
                                        code=decision.code, recommendation=decision.recommendation)
-        self.history = policy.record(self.history, now, decision, a, a.interval_seconds)
+        self.history = policy.record(self.history, mono, decision, a, a.interval_seconds)
         return decision
 
     def _scale(self, body: dict[str, Any], decision: policy.Decision, current: int, workload: tuple[str, str],
@@ -418,7 +417,7 @@ class Autoscaler:
         log.info("%s/%s: %s", self.namespace, self.name, decision.reason)
         return last_scale
 
-    def _idle(self, spec: api.VLLMServerSpec, samples: list[Sample], current: int, now: float) -> policy.Idle:
+    def _idle(self, spec: api.VLLMServerSpec, samples: list[Sample], current: int, mono: float) -> policy.Idle:
         """minReplicas 0: how long every read has been idle, and whether a request found no pod since the last
         read (the pool's endpoint picker's count rose)."""
         pool = api.pool_name(self.name, spec.routing)
@@ -432,28 +431,29 @@ class Autoscaler:
         if count is not None:
             self._unserved = count
         if self._busy_at is None or woken or current == 0 or not samples or policy.busy(samples):
-            self._busy_at = now
-        return policy.Idle(now - self._busy_at, woken, f"{source}'s count of requests with no pod")
+            self._busy_at = mono
+        return policy.Idle(mono - self._busy_at, woken, f"{source}'s count of requests with no pod")
 
     def _next_read(self, samples: list[Sample], decision: policy.Decision, a: api.AutoscalingSpec,
-                   source: MetricsSource, now: float, scaled: bool) -> schedule.NextRead:
+                   source: MetricsSource, scaled: bool) -> schedule.NextRead:
+        mono = self.monotonic()
         if scaled:
-            self._scaled_at = now
+            self._scaled_at = mono
         # Prometheus's numbers move once per its scrape interval (15 s by default): reading it faster
         # than intervalSeconds would mostly re-read them.
         fixed = self.sources.fixed_reads or source is not self.sources.pods
-        since = None if self._scaled_at is None else now - self._scaled_at
+        since = None if self._scaled_at is None else mono - self._scaled_at
         return schedule.next_read(samples, float(a.interval_seconds), hold=decision.hold, since_scale=since,
-                                  budget=self.sources.fast_reads, now=now, fixed=fixed)
+                                  budget=self.sources.fast_reads, now=mono, fixed=fixed)
 
-    def _missing_replicas(self, current: int, pods: list[dict[str, Any]], now: float) -> int:
+    def _missing_replicas(self, current: int, pods: list[dict[str, Any]]) -> int:
         """Replicas the StatefulSet wants whose pod does not exist yet (the controller creates
         them within a second or so); on their way for MISSING_POD_GRACE_SECONDS at most."""
         names = {p["metadata"]["name"] for p in pods}
         wanted = {f"{self.name}-{i}" for i in range(current)}
-        missing = wanted - names
-        self._missing_since = {n: self._missing_since.get(n, now) for n in missing}
-        return sum(1 for t in self._missing_since.values() if now - t <= MISSING_POD_GRACE_SECONDS)
+        missing, mono = wanted - names, self.monotonic()
+        self._missing_since = {n: self._missing_since.get(n, mono) for n in missing}
+        return sum(1 for t in self._missing_since.values() if mono - t <= MISSING_POD_GRACE_SECONDS)
 
     def _fresher(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body with the status of our last write when the body is older than that write's answer.
