@@ -22,7 +22,7 @@ import pytest
 
 from e2e.testbed import vllm_env
 from e2e.testbed.controlplane import wait_for
-from e2e.testbed.procs import free_port
+from e2e.testbed.procs import free_ports
 from tests.unit.test_vllm_snapshots import example_plans, kubelet_args
 
 pytestmark = pytest.mark.vllm
@@ -66,7 +66,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.mark.timeout(1200)
 def test_a_leader_and_a_headless_worker_serve_a_completion_with_pipeline_parallel_2(tmp_path):
-    api_port, coordination = free_port("127.0.0.1"), free_port("127.0.0.1")
+    api_port, coordination = free_ports(2)
     common = ["serve", str(vllm_env.tiny_model_dir()), "--served-model-name", "tiny", "--dtype", "float32",
               "--max-model-len", "512", "--max-num-seqs", "2"]
     leader_args = [*common, *group_args(0, "127.0.0.1", coordination), "--host", "127.0.0.1", "--port", str(api_port)]

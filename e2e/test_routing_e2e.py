@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import threading
 import time
 import urllib.error
@@ -198,6 +199,43 @@ def _picker_sees(bed, n: int) -> bool:
 
 def _endpoint(bed, pod: str) -> str:
     return f"{bed['servers'].ip[pod]}:8000"
+
+
+@pytest.mark.timeout(300)
+def test_a_picker_or_gateway_whose_port_another_process_holds_is_started_again_on_a_fresh_one(bed, monkeypatch):
+    """The test bed's own readiness, with the fault injected (a port taken between free_ports() and the bind,
+    which a second suite on the machine does): a listener of this test holds the port the picker is given for
+    ext-proc, then the one the gateway is given. A connection to that port succeeds, so readiness that only
+    connects would send the gateway's requests to that listener (a picker given the same port for ext-proc and
+    health did so in a loaded run); the picker's and the gateway's own "listening" lines say whose port it is.
+    Both start again on a fresh port, and a request goes through them to a pool pod."""
+    _all_ready(bed)
+    real_ports, real_port = epp.free_ports, epp.free_port
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        monkeypatch.setattr(epp, "free_ports", lambda n: [taken, *real_ports(n - 1)])
+        picker = epp.Picker(bed["picker"].args, bed["kubeconfig"], bed["work"] / "picker-port-taken",
+                            bed["namespace"])
+        gateway = None
+        try:
+            monkeypatch.setattr(epp, "free_ports", real_ports)
+            picker.wait_serving()
+            assert picker.starts == 2 and picker.grpc_port != taken, (picker.starts, picker.grpc_port, taken)
+            assert ("ext-proc", picker.grpc_port) in picker.listening()
+            monkeypatch.setattr(epp, "free_port", lambda: taken)
+            gateway = epp.Gateway(picker, bed["work"])
+            monkeypatch.setattr(epp, "free_port", real_port)
+            gateway.wait_listening()
+            assert gateway.starts == 2 and gateway.port != taken, (gateway.starts, gateway.port, taken)
+            wait_for(lambda: _picker_sees({"picker": picker}, 2), 60, "the new picker's pool", interval=0.5)
+            answer = gateway.complete("tiny", f"{random.random()}: say something", max_tokens=2)
+            assert answer["status"] == 200 and answer["endpoint"] in {_endpoint(bed, p) for p in PODS}, answer
+        finally:
+            for proc in (gateway, picker):
+                if proc is not None:
+                    proc.stop()
 
 
 @pytest.mark.timeout(1200)

@@ -33,7 +33,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -46,6 +45,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
+
+from e2e.testbed.procs import free_ports
 
 ENV_KUBECONFIG = "VLLM_OPERATOR_TEST_KUBECONFIG"
 HERE = Path(__file__).resolve().parent
@@ -146,19 +147,6 @@ def ensure_binaries() -> Path:
     if dt > 5:
         print(f"[controlplane] kube binaries built in {dt:.0f}s", file=sys.stderr)
     return d
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _child_setup(parent_pid: int):
@@ -512,7 +500,7 @@ class ControlPlane(_KubeMixin):
         wd = self.workdir
         assert wd is not None
         deadline = time.monotonic() + self.start_timeout
-        etcd_port, etcd_peer, api_port = _free_ports(3)
+        etcd_port, etcd_peer, api_port = free_ports(3)
         self.token = secrets.token_hex(16)
         self.server = f"https://127.0.0.1:{api_port}"
         self.etcd_url = f"http://127.0.0.1:{etcd_port}"

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 from e2e.testbed.controlplane import cache_dir, wait_for
 from e2e.testbed.convergence import wait_established
-from e2e.testbed.vllm_env import _set_pdeathsig, free_port
+from e2e.testbed.procs import free_port, free_ports, set_pdeathsig
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 BUILD_SCRIPT = TOOLS / "epp-build.sh"
@@ -79,15 +79,26 @@ class Process:
         self.cmd = list(cmd)
         self.log_path = log_path
         self._log = open(log_path, "ab")
+        #: where this start's output begins in the log (a restarted process appends to the same file)
+        self.log_start = self._log.tell()
         # SIGKILLed with the test's process (a test killed by its timeout leaves nothing running); start it from
         # the thread that lives as long as it should (the fixtures' thread).
         self.popen = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                       env={**os.environ, **(env or {})}, start_new_session=True,
-                                      preexec_fn=lambda: _set_pdeathsig(signal.SIGKILL))
+                                      preexec_fn=lambda: set_pdeathsig(signal.SIGKILL))
 
     def log_tail(self, n: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def log_since_start(self) -> str:
+        """What this start of the process wrote (not an earlier start's lines in the same log)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_start)
+                return f.read().decode("utf-8", "replace")
         except OSError:
             return ""
 
@@ -128,18 +139,18 @@ class Picker(Process):
 
     def __init__(self, args: Sequence[str], kubeconfig: str | os.PathLike, workdir: Path, namespace: str):
         workdir.mkdir(parents=True, exist_ok=True)
-        self._args, self._kubeconfig, self._namespace = list(args), kubeconfig, namespace
+        self.args, self._kubeconfig, self._namespace = list(args), kubeconfig, namespace
         self._log_path = workdir / "epp.log"
         self.starts = 0
         self._start()
 
     def _start(self) -> None:
-        """Start on three ports free now. free_port() lets the port go before the picker binds it, and any
-        outgoing connection of this machine (the suite's own, or a second suite's) may take it meanwhile:
-        wait_serving() starts again on fresh ports when that happened."""
+        """Start on three distinct ports free now. free_ports() lets them go before the picker binds them, and
+        any process of this machine (the suite's own, or a second suite's) may take one meanwhile: wait_serving()
+        starts again on fresh ports when that happened."""
         self.starts += 1
-        self.grpc_port, self.health_port, self.metrics_port = free_port(), free_port(), free_port()
-        argv = self._args
+        self.grpc_port, self.health_port, self.metrics_port = free_ports(3)
+        argv = self.args
         for flag, port in (("--grpc-port", self.grpc_port), ("--grpc-health-port", self.health_port),
                            ("--metrics-port", self.metrics_port)):
             argv = _replace_arg(argv, flag, str(port))
@@ -155,19 +166,43 @@ class Picker(Process):
         with urllib.request.urlopen(self.metrics_url, timeout=timeout) as r:
             return r.read().decode("utf-8", "replace")
 
+    def listening(self) -> set[tuple[str, int]]:
+        """The (server, port) pairs this start of the picker logged as bound: "ext-proc" and "health" once their
+        net.Listen succeeded (internal/runnable/grpc.go logs "gRPC server listening" after it), "metrics" once
+        controller-runtime serves its metrics endpoint. A port that merely accepts connections proves nothing:
+        another process may hold it (a second suite's, or, before free_ports(), this picker's own health
+        server on the port it was also given for ext-proc)."""
+        out = set()
+        for line in self.log_since_start().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(entry, dict):
+                continue
+            if entry.get("msg") == "gRPC server listening" and isinstance(entry.get("port"), int):
+                out.add((str(entry.get("name")), entry["port"]))
+            elif entry.get("msg") == "Serving metrics server":
+                port = str(entry.get("bindAddress", "")).rpartition(":")[2]
+                if port.isdigit():
+                    out.add(("metrics", int(port)))
+        return out
+
     def wait_serving(self, timeout: float = 120) -> None:
-        """Until its metrics endpoint answers and its ext-proc gRPC port accepts connections: the gateway's
-        requests go to that port, which the picker opens after its metrics endpoint, once its caches are read
-        (seconds later on a busy machine). A picker that exits meanwhile because a port was taken is started
-        again on fresh ones (STARTS in all); any other exit is an error, with its log."""
+        """Until this picker logged its ext-proc and metrics ports bound, its metrics endpoint answers and its
+        ext-proc port accepts connections: the gateway's requests go to that port, which the picker opens last,
+        once its caches are read (seconds later on a busy machine). A picker that exits meanwhile because a port
+        was taken is started again on fresh ones (STARTS in all); any other exit is an error, with its log."""
         def up() -> bool:
             if not self.alive():
-                taken = "address already in use" in self.log_tail(400)
+                taken = "address already in use" in self.log_since_start()
                 if taken and self.starts < self.STARTS:
                     self._log.close()
                     self._start()
                     return False
                 raise RuntimeError(f"the endpoint picker exited with {self.popen.returncode}:\n{self.log_tail()}")
+            if not {("ext-proc", self.grpc_port), ("metrics", self.metrics_port)} <= self.listening():
+                return False
             try:
                 self.metrics_text(timeout=2)
             except (urllib.error.URLError, OSError):
@@ -201,13 +236,17 @@ class Gateway(Process):
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_listening(self, timeout: float = 30) -> None:
+        """Until this start of the gateway logged its port bound (it logs once net.Listen succeeded) and the port
+        accepts connections; one whose port was taken meanwhile is started again on a fresh one."""
         def up() -> bool:
             if not self.alive():
-                if "address already in use" in self.log_tail() and self.starts < Picker.STARTS:
+                if "address already in use" in self.log_since_start() and self.starts < Picker.STARTS:
                     self._log.close()
                     self._start()
                     return False
                 raise RuntimeError(f"the test bed's gateway exited with {self.popen.returncode}:\n{self.log_tail()}")
+            if f"gateway: listening on 127.0.0.1:{self.port}," not in self.log_since_start():
+                return False
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", self.port)) == 0
 

@@ -19,8 +19,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from .controlplane import _child_setup, _free_ports, cache_dir, wait_for
+from .controlplane import _child_setup, cache_dir, wait_for
 from .convergence import wait_established
+from .procs import free_ports
 
 VERSION = "0.8.0"
 CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
@@ -105,7 +106,7 @@ class LWSController:
         certs = self.workdir / "certs"
         certs.mkdir(parents=True, exist_ok=True)
         ca = make_certificates(certs)
-        webhook, health = _free_ports(2)
+        webhook, health = free_ports(2)
         config = self.workdir / "config.yaml"
         config.write_text(json.dumps({
             "apiVersion": "config.lws.x-k8s.io/v1alpha1", "kind": "Configuration",

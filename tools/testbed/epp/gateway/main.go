@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -51,7 +52,7 @@ var (
 	retryInterval = flag.Duration("retry-interval", 500*time.Millisecond, "how often to ask again while holding")
 	useTLS        = flag.Bool("tls", false, "TLS to the picker without verifying its certificate (the picker's "+
 		"--secure-serving default serves a self-signed one; gateways connect to it so)")
-	timeout       = flag.Duration("timeout", 300*time.Second, "deadline of one request, upstream included")
+	timeout = flag.Duration("timeout", 300*time.Second, "deadline of one request, upstream included")
 )
 
 // decision is the picker's answer to one request: an endpoint and the body to send, or an immediate response.
@@ -268,6 +269,12 @@ func main() {
 	defer conn.Close()
 	srv := &http.Server{Addr: *listen, Handler: handler(extproc.NewExternalProcessorClient(conn)),
 		ReadHeaderTimeout: 10 * time.Second}
-	log.Printf("gateway: listening on %s, endpoint picker at %s, hold %s", *listen, *picker, *hold)
-	log.Fatal(srv.ListenAndServe())
+	// Bound before it says so: the test bed waits for this line, not for a connection to the port (which
+	// another process may hold).
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Fatalf("gateway: %v", err)
+	}
+	log.Printf("gateway: listening on %s, endpoint picker at %s, hold %s", lis.Addr(), *picker, *hold)
+	log.Fatal(srv.Serve(lis))
 }
