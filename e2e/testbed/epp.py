@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -73,7 +72,13 @@ def install_gateway_crds(cp) -> list[str]:
 
 
 class Process:
-    """A started binary with its log; stopped (SIGTERM, then SIGKILL) by stop() or the context manager."""
+    """A started binary with its log; stopped (SIGTERM, then SIGKILL) by stop() or the context manager.
+    A subclass that picks its ports itself starts through _start() (counting `starts`), so that a start whose port
+    was taken can be made again on fresh ones."""
+
+    #: how many times a process whose port was taken meanwhile is started, on fresh ports each time
+    STARTS = 3
+    starts = 0
 
     def __init__(self, cmd: Sequence[str], log_path: Path, env: Optional[dict[str, str]] = None):
         self.cmd = list(cmd)
@@ -105,6 +110,18 @@ class Process:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _start_again_if_port_taken(self, what: str) -> None:
+        """For a process that exited: started again on fresh ports if this start found a port taken (STARTS in
+        all); any other exit is an error, with its log."""
+        if "address already in use" in self.log_since_start() and self.starts < self.STARTS:
+            self._log.close()
+            self._start()
+            return
+        raise RuntimeError(f"{what} exited with {self.popen.returncode}:\n{self.log_tail()}")
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGTERM)
@@ -134,14 +151,10 @@ class Picker(Process):
     its config inline), its ports free ones of this machine (the test bed's processes share the host's network),
     its API access the kubeconfig given (the picker's ServiceAccount's, to prove its Role)."""
 
-    #: how many times a picker whose port was taken meanwhile is started again on fresh ports
-    STARTS = 3
-
     def __init__(self, args: Sequence[str], kubeconfig: str | os.PathLike, workdir: Path, namespace: str):
         workdir.mkdir(parents=True, exist_ok=True)
         self.args, self._kubeconfig, self._namespace = list(args), kubeconfig, namespace
         self._log_path = workdir / "epp.log"
-        self.starts = 0
         self._start()
 
     def _start(self) -> None:
@@ -189,27 +202,21 @@ class Picker(Process):
         return out
 
     def wait_serving(self, timeout: float = 120) -> None:
-        """Until this picker logged its ext-proc and metrics ports bound, its metrics endpoint answers and its
-        ext-proc port accepts connections: the gateway's requests go to that port, which the picker opens last,
-        once its caches are read (seconds later on a busy machine). A picker that exits meanwhile because a port
-        was taken is started again on fresh ones (STARTS in all); any other exit is an error, with its log."""
+        """Until this picker logged its ext-proc and metrics ports bound and its metrics endpoint answers: the
+        gateway's requests go to the ext-proc port, which the picker opens last, once its caches are read (seconds
+        later on a busy machine). A picker that exits meanwhile because a port was taken is started again on
+        fresh ones; any other exit is an error, with its log."""
         def up() -> bool:
             if not self.alive():
-                taken = "address already in use" in self.log_since_start()
-                if taken and self.starts < self.STARTS:
-                    self._log.close()
-                    self._start()
-                    return False
-                raise RuntimeError(f"the endpoint picker exited with {self.popen.returncode}:\n{self.log_tail()}")
+                self._start_again_if_port_taken("the endpoint picker")
+                return False
             if not {("ext-proc", self.grpc_port), ("metrics", self.metrics_port)} <= self.listening():
                 return False
             try:
                 self.metrics_text(timeout=2)
             except (urllib.error.URLError, OSError):
                 return False
-            with socket.socket() as s:
-                s.settimeout(2)
-                return s.connect_ex(("127.0.0.1", self.grpc_port)) == 0
+            return True
 
         wait_for(up, timeout, "the endpoint picker's metrics endpoint and ext-proc port", interval=0.5)
 
@@ -220,7 +227,6 @@ class Gateway(Process):
 
     def __init__(self, picker: Picker, workdir: Path, hold: float = 0, tls: bool = True):
         self._picker, self._workdir, self._hold, self._tls = picker, workdir, hold, tls
-        self.starts = 0
         self._start()
 
     def _start(self) -> None:
@@ -236,19 +242,13 @@ class Gateway(Process):
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_listening(self, timeout: float = 30) -> None:
-        """Until this start of the gateway logged its port bound (it logs once net.Listen succeeded) and the port
-        accepts connections; one whose port was taken meanwhile is started again on a fresh one."""
+        """Until this start of the gateway logged its port bound (it logs once net.Listen succeeded); one whose
+        port was taken meanwhile is started again on a fresh one."""
         def up() -> bool:
             if not self.alive():
-                if "address already in use" in self.log_since_start() and self.starts < Picker.STARTS:
-                    self._log.close()
-                    self._start()
-                    return False
-                raise RuntimeError(f"the test bed's gateway exited with {self.popen.returncode}:\n{self.log_tail()}")
-            if f"gateway: listening on 127.0.0.1:{self.port}," not in self.log_since_start():
+                self._start_again_if_port_taken("the test bed's gateway")
                 return False
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", self.port)) == 0
+            return f"gateway: listening on 127.0.0.1:{self.port}," in self.log_since_start()
 
         wait_for(up, timeout, "the test bed's gateway", interval=0.1)
 

@@ -267,8 +267,7 @@ func main() {
 		log.Fatalf("gateway: %v", err)
 	}
 	defer conn.Close()
-	srv := &http.Server{Addr: *listen, Handler: handler(extproc.NewExternalProcessorClient(conn)),
-		ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: handler(extproc.NewExternalProcessorClient(conn)), ReadHeaderTimeout: 10 * time.Second}
 	// Bound before it says so: the test bed waits for this line, not for a connection to the port (which
 	// another process may hold).
 	lis, err := net.Listen("tcp", *listen)
