@@ -25,22 +25,31 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --ignore-requires-python \
   'helm-sdkpy==0.1.32' cffi pycparser
 
+# Debian's packages, one installer at a time: suites started side by side on one machine share dpkg, and apt-get
+# fails at once on a lock another apt-get holds. flock on the cache's apt.lock (e2e/testbed/prometheus.py takes
+# it too) orders this project's installers, since `apt-get update` has no lock timeout; DPkg::Lock::Timeout waits
+# out any other apt.
+CACHE=${VLLM_OPERATOR_CACHE:-$HOME/.cache/vllm-operator}
+mkdir -p "$CACHE"
+apt_install() {
+  flock "$CACHE/apt.lock" bash -c '
+    apt() { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@" >/dev/null; }
+    apt install -y -q "$@" || { apt update -q && apt install -y -q "$@"; }' apt_install "$@"
+}
+
 if ! command -v lua5.1 >/dev/null 2>&1; then
   step "lua5.1 (Debian's; runs the Argo CD health check in tests)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua5.1 >/dev/null \
-    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q lua5.1 >/dev/null; }
+  apt_install lua5.1
 fi
 
 if ! command -v shellcheck >/dev/null 2>&1; then
   step "shellcheck (Debian's; actionlint runs it on the release workflow's scripts)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q shellcheck >/dev/null \
-    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q shellcheck >/dev/null; }
+  apt_install shellcheck
 fi
 
 if ! command -v docker-registry >/dev/null 2>&1; then
   step "docker-registry (Debian's OCI registry; the chart is pushed to it as the release workflow pushes to ghcr.io)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null \
-    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null; }
+  apt_install docker-registry
 fi
 
 if ! command -v prometheus >/dev/null 2>&1; then

@@ -13,6 +13,7 @@ CLI (used by tools/run-tests.sh): ``python -m e2e.testbed.prometheus ensure``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterable, Optional
 
+from e2e.testbed.controlplane import cache_dir
 from e2e.testbed.procs import free_port, set_pdeathsig
 
 PACKAGE = "prometheus"
@@ -40,6 +42,13 @@ def binary() -> Optional[str]:
         "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None)
 
 
+def apt_lock_path() -> Path:
+    """The lock this project's Debian installers take in turn (tools/run-tests.sh's apt_install takes it too):
+    suites started side by side share one dpkg. apt-get waits out a held dpkg lock when told to
+    (DPkg::Lock::Timeout), but `apt-get update` fails at once on a held lists lock."""
+    return cache_dir() / "apt.lock"
+
+
 def ensure_prometheus(timeout: float = 600) -> str:
     """The prometheus binary, installing Debian's package (about 8 s) when it is missing."""
     found = binary()
@@ -47,17 +56,24 @@ def ensure_prometheus(timeout: float = 600) -> str:
         return found
 
     def apt(*args: str) -> subprocess.CompletedProcess:
-        cmd = ["apt-get", *args]
+        cmd = ["apt-get", "-o", f"DPkg::Lock::Timeout={int(timeout)}", *args]
         if os.geteuid() != 0 and shutil.which("sudo"):
             cmd = ["sudo", "-n", *cmd]
         return subprocess.run(cmd, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
                               capture_output=True, text=True, timeout=timeout)
 
-    install = ("install", "-y", "-q", "--no-install-recommends", PACKAGE)
-    p = apt(*install)
-    if p.returncode != 0:  # a stale package index: refresh once and retry
-        apt("update", "-q")
+    lock = apt_lock_path()
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when `held` closes
+        found = binary()  # another suite may have installed it while this one waited
+        if found:
+            return found
+        install = ("install", "-y", "-q", "--no-install-recommends", PACKAGE)
         p = apt(*install)
+        if p.returncode != 0:  # a stale package index: refresh once and retry
+            apt("update", "-q")
+            p = apt(*install)
     found = binary()
     if not found:
         raise RuntimeError(f"could not install {PACKAGE}: {p.stdout[-2000:]}\n{p.stderr[-2000:]}")
