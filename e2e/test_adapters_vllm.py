@@ -509,10 +509,11 @@ def lora_bytes(model):
                     storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
 
+KV_BYTES = int(sys.argv[3])
 out = []
 for slots, rank in json.loads(sys.argv[2]):
     llm = LLM(model=sys.argv[1], dtype="float32", enable_lora=True, max_loras=slots, max_lora_rank=rank,
-              max_model_len=256, max_num_seqs=2, enforce_eager=True)
+              max_model_len=256, max_num_seqs=2, enforce_eager=True, kv_cache_memory_bytes=KV_BYTES)
     out.append(llm.apply_model(lora_bytes)[0])
     del llm
 print("RESULT " + json.dumps(out))
@@ -534,9 +535,13 @@ def test_the_lora_slots_memory_is_what_vllm_allocates(tmp_path):
     configs = [(1, 16), (3, 32)]
     script = tmp_path / "measure.py"
     script.write_text(MEASURE)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    done = subprocess.run([str(python), str(script), str(model), json.dumps(configs)], capture_output=True,
-                          text=True, timeout=840, env=env, cwd=tmp_path)
+    # Only the LoRA tensors are measured, so the KV cache is small and given in bytes: vLLM's CPU worker refuses to
+    # start when the node's free memory is below the KV size asked for (a loaded machine had 0.87 GiB free), and
+    # VLLM_CPU_KVCACHE_SPACE (whole GiB; the test bed servers' 1) would override the bytes if it were set.
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | {"HF_HUB_OFFLINE": "1"}
+    kv_bytes = 16 << 20  # 8,192 tokens at the tiny model's 2 KiB per token; one 256-token sequence needs 512 KiB
+    done = subprocess.run([str(python), str(script), str(model), json.dumps(configs), str(kv_bytes)],
+                          capture_output=True, text=True, timeout=840, env=env, cwd=tmp_path)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     assert lines, done.stdout[-3000:] + done.stderr[-5000:]
     measured = json.loads(lines[-1][len("RESULT "):])
