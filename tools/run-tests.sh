@@ -32,9 +32,11 @@ fi
 CACHE=${VLLM_OPERATOR_CACHE:-$HOME/.cache/vllm-operator}
 mkdir -p "$CACHE"
 apt_install() {
-  flock "$CACHE/apt.lock" bash -c '
-    apt() { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@" >/dev/null; }
-    apt install -y -q "$@" || { apt update -q && apt install -y -q "$@"; }' apt_install "$@"
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -q)
+  (
+    flock 8
+    "${apt[@]}" install -y "$@" >/dev/null || { "${apt[@]}" update >/dev/null && "${apt[@]}" install -y "$@" >/dev/null; }
+  ) 8>"$CACHE/apt.lock"
 }
 
 if ! command -v lua5.1 >/dev/null 2>&1; then
