@@ -537,8 +537,10 @@ def test_the_lora_slots_memory_is_what_vllm_allocates(tmp_path):
     script.write_text(MEASURE)
     # Only the LoRA tensors are measured, so the KV cache is small and given in bytes: vLLM's CPU worker refuses to
     # start when the node's free memory is below the KV size asked for (a loaded machine had 0.87 GiB free), and
-    # VLLM_CPU_KVCACHE_SPACE (whole GiB; the test bed servers' 1) would override the bytes if it were set.
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | {"HF_HUB_OFFLINE": "1"}
+    # VLLM_CPU_KVCACHE_SPACE (whole GiB; the test bed servers' 1) would override the bytes, so it is dropped from
+    # the test bed's vLLM environment.
+    env = vllm_env._vllm_env()
+    del env["VLLM_CPU_KVCACHE_SPACE"]
     kv_bytes = 16 << 20  # 8,192 tokens at the tiny model's 2 KiB per token; one 256-token sequence needs 512 KiB
     done = subprocess.run([str(python), str(script), str(model), json.dumps(configs), str(kv_bytes)],
                           capture_output=True, text=True, timeout=840, env=env, cwd=tmp_path)
